@@ -1,0 +1,40 @@
+# make demo   set up, make the synthetic data set if missing, train the demo config (GPU if present)
+# make test   set up and run the test suite (what CI runs)
+# make data   only the synthetic data set;  make clean   remove the environment, data and runs
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+PY := $(VENV)/bin/python
+RUN_NUM ?= $(shell date +%Y%m%d-%H%M%S)
+DATA := data/synthetic_train.h5 data/synthetic_valid.h5
+
+.PHONY: demo test data clean
+
+demo: $(VENV)/.installed $(DATA)
+	$(PY) train.py --config=demo --run_num=$(RUN_NUM) $(ARGS)
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+data: $(DATA)
+
+$(DATA): | $(VENV)/.installed
+	$(PY) -m utils.generate_data --out_dir data
+
+# The virtual environment. torch comes first, pinned to the tested version unless one is already
+# importable (venvs made with VENV_FLAGS=--system-site-packages see a container's torch).
+$(VENV)/.installed: requirements.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || \
+		{ echo "error: Python 3.10 or newer is needed (found $$($(PYTHON) --version))."; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
+	$(PY) -m pip install --quiet -r requirements-test.txt
+	touch $@
+
+clean:
+	rm -rf $(VENV) data runs

@@ -1,0 +1,32 @@
+"""Shared fixtures: small real HDF5 data sets made by the project's own generator."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from utils.generate_data import generate_box, write_h5
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def data_files(tmp_path_factory):
+    """Train (side 48) and validation (side 32) files in the real layout; different box sides on purpose."""
+    directory = tmp_path_factory.mktemp("data")
+    paths = {}
+    for name, side, seed in (("train", 48, 1), ("valid", 32, 2)):
+        nbody, hydro = generate_box(side, seed)
+        paths[name] = str(directory / f"{name}.h5")
+        write_h5(paths[name], nbody, hydro, {"seed": seed})
+    return paths
+
+
+def run_train(args, cwd=ROOT, timeout=300, env=None, check=True):
+    """Run ``python train.py ARGS`` in a subprocess; return the CompletedProcess."""
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=cwd, env=env,
+                            capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"train.py {' '.join(args)} failed ({result.returncode}):\n"
+                             f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result

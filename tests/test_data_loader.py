@@ -1,0 +1,108 @@
+"""The native loaders: shapes, crops that are really windows of the files, reproducibility, rank splits."""
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from utils import get_data_loader_distributed, symmetry
+from utils.YParams import YParams
+from utils.data_loader import CropSampler, build_dataset
+
+KINDS = ("synthetic", "inmem", "lowmem")
+
+
+def make_params(data_files, **changes):
+    params = YParams("config/UNet.yaml", "test")
+    params.update({"train_path": data_files["train"], "val_path": data_files["valid"], "world_size": 1, **changes})
+    return params
+
+
+def first_batch(loader, epoch=0):
+    loader.sampler.set_epoch(epoch)
+    return next(iter(loader))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_loaders_yield_input_and_target_batches(data_files, kind):
+    params = make_params(data_files, data_loader_config=kind)
+    train_loader, val_loader = get_data_loader_distributed(params, 0, torch.device("cpu"))
+    for loader in (train_loader, val_loader):
+        inputs, targets = first_batch(loader)
+        assert inputs.shape == (4, 4, 32, 32, 32) and targets.shape == (4, 5, 32, 32, 32)
+        assert inputs.dtype == targets.dtype == torch.float32
+    assert len(train_loader) == params.Nsamples // params.global_batch_size
+
+
+@pytest.mark.parametrize("kind", ("inmem", "lowmem"))
+def test_a_sample_is_the_transformed_window_of_the_file(data_files, kind):
+    params = make_params(data_files, data_loader_config=kind)
+    dataset = build_dataset(params, data_files["train"], 16, split=0, augment=True)
+    with h5py.File(data_files["train"]) as f:
+        nbody, hydro = f["Nbody"][...], f["Hydro"][...]
+    seen_elements = set()
+    for index in range(16):
+        corner, element = dataset.draw((3, index))
+        seen_elements.add(element)
+        window = (slice(None), *(slice(c, c + 32) for c in corner))
+        x, y = dataset[(3, index)]
+        np.testing.assert_array_equal(x.numpy(), symmetry.apply_numpy(nbody[window], element, [(1, 2, 3)]))
+        np.testing.assert_array_equal(y.numpy(), symmetry.apply_numpy(hydro[window], element, [(2, 3, 4)]))
+    assert len(seen_elements) > 1  # augmentation is on
+
+
+def test_inmem_and_lowmem_agree(data_files):
+    batches = []
+    for kind in ("inmem", "lowmem"):
+        loader, _ = get_data_loader_distributed(make_params(data_files, data_loader_config=kind), 0, None)
+        batches.append(first_batch(loader, epoch=2))
+    for a, b in zip(*batches):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_same_crops_for_any_number_of_workers(data_files):
+    batches = []
+    for workers in (0, 2):
+        loader, _ = get_data_loader_distributed(
+            make_params(data_files, data_loader_config="lowmem", num_data_workers=workers), 0, None)
+        batches.append([torch.cat(batch) for batch in zip(*list_epoch(loader, 1))])
+    torch.testing.assert_close(batches[0], batches[1], rtol=0, atol=0)
+
+
+def list_epoch(loader, epoch):
+    loader.sampler.set_epoch(epoch)
+    return list(loader)
+
+
+def test_epochs_and_seeds_change_the_crops_validation_does_not(data_files):
+    params = make_params(data_files, data_loader_config="inmem")
+    train_loader, val_loader = get_data_loader_distributed(params, 0, None)
+    assert not torch.equal(first_batch(train_loader, 0)[0], first_batch(train_loader, 1)[0])
+    torch.testing.assert_close(first_batch(val_loader, 0)[0], first_batch(val_loader, 5)[0], rtol=0, atol=0)
+    other_seed, _ = get_data_loader_distributed(make_params(data_files, data_loader_config="inmem", seed=1), 0, None)
+    assert not torch.equal(first_batch(train_loader, 0)[0], first_batch(other_seed, 0)[0])
+
+
+def test_ranks_draw_different_crops_and_split_the_epoch(data_files):
+    params = make_params(data_files, data_loader_config="inmem", global_batch_size=4, world_size=2)
+    loaders = [get_data_loader_distributed(params, rank, None)[0] for rank in (0, 1)]
+    assert [loader.batch_size for loader in loaders] == [2, 2]
+    assert [len(loader) for loader in loaders] == [4, 4]  # 16 samples / (2 ranks x 2)
+    a, b = (first_batch(loader)[0] for loader in loaders)
+    assert not torch.equal(a, b)
+
+
+def test_sampler_resumes_in_the_middle_of_an_epoch():
+    sampler = CropSampler(10, num_replicas=1, rank=0)
+    sampler.set_epoch(4)
+    keys = list(sampler)
+    sampler.set_epoch(4, start=6)
+    assert list(sampler) == keys[6:] and len(sampler) == 4
+    assert keys[0] == (4, 0)
+
+
+def test_box_sides_come_from_the_files(data_files):
+    params = make_params(data_files, data_loader_config="inmem", crop_size=48)
+    train = build_dataset(params, data_files["train"], 4, split=0, augment=False)
+    assert train.box_side == 48
+    corner, _ = train.draw((0, 0))
+    assert tuple(corner) == (0, 0, 0)  # a crop as large as the box has one position

@@ -1,0 +1,123 @@
+"""Every mistake a user can make ends with one clear paragraph, exit status 2 and nothing overwritten."""
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+import train
+from conftest import run_train
+
+pytestmark = pytest.mark.slow
+
+
+def run_main(argv, capsys):
+    """train.main(argv) in this process; returns (exit code, stderr)."""
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
+    return exit_info.value.code, capsys.readouterr().err
+
+
+def assert_refused(argv, capsys, expdir, *fragments):
+    code, message = run_main(argv, capsys)
+    assert code == 2
+    assert message.startswith("error: ") and "Traceback" not in message
+    for fragment in fragments:
+        assert fragment in " ".join(message.split()), (fragment, message)
+    assert not os.path.exists(expdir), "a refused run must not write anything"
+
+
+def args(data_files, expdir, *extra, train_path=None):
+    return ["--config=test", f"--train_path={train_path or data_files['train']}",
+            f"--val_path={data_files['valid']}", f"--expdir={expdir}", *extra]
+
+
+def write_h5(path, **datasets):
+    with h5py.File(path, "w") as f:
+        for name, shape in datasets.items():
+            f[name] = np.zeros(shape, np.float32)
+    return str(path)
+
+
+def test_missing_data_file(data_files, tmp_path, capsys):
+    missing = str(tmp_path / "nowhere.h5")
+    assert_refused(args(data_files, tmp_path / "runs", train_path=missing), capsys, tmp_path / "runs",
+                   missing, "python -m utils.generate_data")
+
+
+@pytest.mark.parametrize("content", [b"not an hdf5 file at all", "truncated"])
+def test_unreadable_or_corrupt_file(data_files, tmp_path, capsys, content):
+    path = tmp_path / "broken.h5"
+    if content == "truncated":
+        whole = open(data_files["train"], "rb").read()
+        content = whole[: len(whole) // 3]
+    path.write_bytes(content)
+    assert_refused(args(data_files, tmp_path / "runs", train_path=str(path)), capsys, tmp_path / "runs",
+                   str(path), "cannot be read as HDF5")
+
+
+def test_wrong_datasets(data_files, tmp_path, capsys):
+    path = write_h5(tmp_path / "other.h5", Nbody=(4, 32, 32, 32), density=(1, 32, 32, 32))
+    assert_refused(args(data_files, tmp_path / "runs", train_path=path), capsys, tmp_path / "runs",
+                   path, "no dataset Hydro", "density")
+
+
+def test_wrong_shapes(data_files, tmp_path, capsys):
+    path = write_h5(tmp_path / "shapes.h5", Nbody=(32, 32, 32, 4), Hydro=(32, 32, 32, 5))  # channel last
+    assert_refused(args(data_files, tmp_path / "runs", train_path=path), capsys, tmp_path / "runs",
+                   path, "wrong shape", "channel first")
+
+
+def test_crop_larger_than_the_box(data_files, tmp_path, capsys):
+    assert_refused(args(data_files, tmp_path / "runs", "--crop_size=64"), capsys, tmp_path / "runs",
+                   "crop_size=64 is larger than the box side 48", data_files["train"])
+
+
+def test_crop_that_the_unet_cannot_halve(data_files, tmp_path, capsys):
+    assert_refused(args(data_files, tmp_path / "runs", "--crop_size=40"), capsys, tmp_path / "runs",
+                   "multiple of 32")
+
+
+def test_unknown_config(data_files, tmp_path, capsys):
+    assert_refused(["--config=bs64opt"], capsys, tmp_path / "runs", "Did you mean 'bs64_opt'")
+
+
+def test_unknown_key(data_files, tmp_path, capsys):
+    assert_refused(args(data_files, tmp_path / "runs", "--learning_rate=1e-3"), capsys, tmp_path / "runs",
+                   "Unknown option --learning_rate")
+
+
+def test_invalid_value(data_files, tmp_path, capsys):
+    assert_refused(args(data_files, tmp_path / "runs", "--global_batch_size=-4"), capsys, tmp_path / "runs",
+                   "global_batch_size=-4", "positive integer")
+
+
+def test_global_batch_not_divisible_by_ranks(data_files, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert_refused(args(data_files, tmp_path / "runs"), capsys, tmp_path / "runs",
+                   "global_batch_size=4 does not divide over 3 ranks")
+
+
+def test_existing_run_is_not_overwritten(data_files, tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "test" / "1CPU" / "00"
+    run_dir.mkdir(parents=True)
+    (run_dir / "out.log").write_text("an earlier run\n")
+    code, message = run_main(args(data_files, tmp_path / "runs"), capsys)
+    assert code == 2 and "--resume" in message and "--run_num" in message
+    assert os.listdir(run_dir) == ["out.log"] and (run_dir / "out.log").read_text() == "an earlier run\n"
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(data_files, tmp_path):
+    run_train(args(data_files, tmp_path, "--num_epochs=1"))
+    checkpoint = tmp_path / "test" / "1CPU" / "00" / "checkpoint.pt"
+    good = checkpoint.read_bytes()
+
+    poisoned = tmp_path / "nan.h5"
+    with h5py.File(data_files["train"]) as source, h5py.File(poisoned, "w") as f:
+        f["Nbody"] = np.full(source["Nbody"].shape, np.nan, np.float32)
+        f["Hydro"] = source["Hydro"][...]
+    result = run_train(args(data_files, tmp_path, "--num_epochs=2", "--resume", train_path=str(poisoned)),
+                       check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "non-finite at step 4" in result.stderr  # the first step after the resumed epoch 1
+    assert checkpoint.read_bytes() == good

@@ -1,0 +1,98 @@
+"""End-to-end runs of train.py on the tiny `test` config: logs, TensorBoard, checkpoints, resume."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import ROOT, run_train
+
+pytestmark = pytest.mark.slow
+SCALARS = {"Loss/train", "Loss/valid", "Learning Rate", "Avg iters per sec"}
+
+
+def data_args(data_files, expdir, *extra):
+    return ["--config=test", f"--train_path={data_files['train']}", f"--val_path={data_files['valid']}",
+            f"--expdir={expdir}", *extra]
+
+
+def read_events(run_dir):
+    events = EventAccumulator(os.path.join(run_dir, "logs"), size_guidance={"scalars": 0, "images": 0})
+    events.Reload()
+    return events
+
+
+def final_val_loss(run_dir):
+    return read_events(run_dir).Scalars("Loss/valid")[-1].value
+
+
+def test_a_run_logs_what_users_expect(data_files, tmp_path):
+    result = run_train(data_args(data_files, tmp_path, "--run_num=a", "--preview_image"))
+    run_dir = tmp_path / "test" / "1CPU" / "a"
+    log = (run_dir / "out.log").read_text()
+    for pattern in (r"Time taken for epoch 2 is [\d.]+ sec, avg [\d.]+ samples/sec", r"  Avg train loss=[\d.]+",
+                    r"  Avg val loss=[\d.]+", r"  Total validation time: [\d.]+ sec", r"crop_size: 32"):
+        assert re.search(pattern, log), pattern
+    assert "Preview image:" in result.stdout and "TensorBoard logs:" in result.stdout
+    assert {"config.yaml", "checkpoint.pt", "preview.png", "logs"} <= set(os.listdir(run_dir))
+
+    events = read_events(run_dir)
+    assert SCALARS <= set(events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("Loss/valid")] == [0, 4, 8]  # step 0, then after each epoch
+    assert events.Scalars("Loss/train")[0].step == 0
+    assert len(events.Images("Preview")) == 3
+    assert (run_dir / "preview.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_checkpoint_holds_everything_to_resume(data_files, tmp_path):
+    run_train(data_args(data_files, tmp_path, "--run_num=c", "--num_epochs=1"))
+    checkpoint = torch.load(tmp_path / "test" / "1CPU" / "c" / "checkpoint.pt", weights_only=True)
+    assert set(checkpoint) == {"model", "optimizer", "scaler", "position", "rng", "params"}
+    assert checkpoint["position"] == {"epoch": 1, "step": 4, "batch_in_epoch": 0}
+    assert not any(key.startswith(("module.", "_orig_mod.")) for key in checkpoint["model"])
+    assert checkpoint["params"]["crop_size"] == 32
+
+
+def start_and_interrupt(args, run_dir, signum):
+    """Start train.py, wait for its first checkpoint, then send ``signum``; return the exit code."""
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while not os.path.exists(run_dir / "checkpoint.pt"):
+        assert process.poll() is None and time.time() < deadline, process.communicate()[0]
+        time.sleep(0.05)
+    process.send_signal(signum)
+    output = process.communicate(timeout=120)[0]
+    return process.returncode, output
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_interrupted_and_resumed_run_ends_like_an_uninterrupted_one(data_files, tmp_path, signum):
+    longer = ["--Nsamples=96", "--num_epochs=3"]
+    run_train(data_args(data_files, tmp_path, "--run_num=whole", *longer))
+
+    run_dir = tmp_path / "test" / "1CPU" / "cut"
+    code, output = start_and_interrupt(data_args(data_files, tmp_path, "--run_num=cut", *longer), run_dir, signum)
+    if signum == signal.SIGTERM:
+        assert code == 128 + signal.SIGTERM and "checkpoint" in output
+    else:
+        assert code == -signal.SIGKILL
+    position = torch.load(run_dir / "checkpoint.pt", weights_only=True)["position"]
+    assert position["step"] < 3 * 24  # it really stopped before the end
+
+    resumed = run_train(data_args(data_files, tmp_path, "--run_num=cut", "--resume", *longer))
+    assert "Resumed from" in resumed.stdout
+    whole = final_val_loss(tmp_path / "test" / "1CPU" / "whole")
+    assert final_val_loss(run_dir) == pytest.approx(whole, rel=1e-5, abs=1e-7)
+
+
+def test_demo_config_trains_on_any_pair_of_files(data_files, tmp_path):
+    # The two files have different box sides (48 and 32); nothing in the config says so.
+    run_train(["--config=demo", f"--train_path={data_files['train']}", f"--val_path={data_files['valid']}",
+               f"--expdir={tmp_path}", "--Nsamples=16", "--Nsamples_val=8", "--num_epochs=1"])
+    assert (tmp_path / "demo" / "1CPU" / "00" / "checkpoint.pt").exists()

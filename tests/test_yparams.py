@@ -1,0 +1,87 @@
+"""Configs: every named config loads, overrides parse as the tutorial's users type them, mistakes are refused."""
+import pytest
+import yaml
+
+from utils.YParams import YParams, load_params, parse_command_line
+from utils.errors import UserError
+
+CONFIG = "config/UNet.yaml"
+ORIGINAL_CONFIGS = ("base", "short", "short_opt", "bs64_opt", "bs256_opt", "bs512_test", "bs512_opt",
+                    "bs2048_opt", "bs8192_opt")
+
+
+@pytest.mark.parametrize("name", ORIGINAL_CONFIGS + ("demo", "test"))
+def test_every_config_loads_and_validates(name):
+    options, params = load_params([f"--config={name}"])
+    assert options["config"] == name
+    assert params.global_batch_size > 0 and params.crop_size > 0
+
+
+def test_anchors_and_merge_keys_inherit():
+    base, short, short_opt = (YParams(CONFIG, name) for name in ("base", "short", "short_opt"))
+    assert short.crop_size == base.crop_size == 64
+    assert (short.Nsamples, short.Nsamples_val, short.num_epochs) == (4096, 512, 4)
+    assert (short_opt.Nsamples, short_opt.amp_mode, short_opt.num_data_workers) == (4096, "fp16", 8)
+    assert YParams(CONFIG, "bs8192_opt").global_batch_size == 8192
+
+
+def test_attribute_access_and_update():
+    params = YParams(CONFIG, "demo")
+    params.update({"num_epochs": 7})
+    assert params.num_epochs == params["num_epochs"] == 7
+    with pytest.raises(AttributeError):
+        params.no_such_key
+
+
+def test_override_forms_and_yaml_values():
+    options, params = load_params(["--config=demo", "--num_epochs", "3", "--start_lr=1e-3", "--device=cpu",
+                                   "--nbody_vector_channels=[1,2,3]", "--noddp", "--run_num=01", "--resume"])
+    assert params.num_epochs == 3 and isinstance(params.num_epochs, int)
+    assert params.start_lr == 1e-3 and isinstance(params.start_lr, float)
+    assert params.device == "cpu" and params.noddp is True
+    assert params.nbody_vector_channels == [1, 2, 3]
+    assert options["run_num"] == "01" and options["resume"] is True
+
+
+def test_original_flags_keep_their_names():
+    options, overrides = parse_command_line(["--yaml_config", CONFIG, "--config", "short", "--amp_mode", "fp16",
+                                             "--enable_apex", "--num_data_workers", "8", "--local_batch_size",
+                                             "16", "--bucket_cap_mb", "100", "--disable_broadcast_buffers"])
+    assert options["config"] == "short" and options["local_batch_size"] == 16
+    assert overrides == {"amp_mode": "fp16", "enable_apex": True, "num_data_workers": 8, "bucket_cap_mb": 100,
+                         "disable_broadcast_buffers": True}
+
+
+def test_unknown_key_suggests_the_closest():
+    with pytest.raises(UserError, match="num_epochs"):
+        load_params(["--config=demo", "--num_epoch=3"])
+
+
+def test_unknown_config_lists_valid_names():
+    with pytest.raises(UserError, match="Did you mean 'short'.*Valid configs:.*bs64_opt"):
+        load_params(["--config=shrot"])
+
+
+def test_missing_config_file():
+    with pytest.raises(UserError, match="does not exist"):
+        load_params(["--yaml_config=nope.yaml"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--global_batch_size=-8", "positive integer"),
+    ("--crop_size=abc", "wrong type"),
+    ("--amp_mode=fp8", "valid choice"),
+    ("--num_data_workers=-1", "must not be negative"),
+    ("--hydro_vector_channels=[2,3,9]", "velocity"),
+    ("--Nsamples=4", "no step"),
+])
+def test_invalid_values_are_refused(override, message):
+    with pytest.raises(UserError, match=message):
+        load_params(["--config=demo", override])
+
+
+def test_config_file_is_safe_yaml():
+    # Anchors and merge keys need no unsafe loader; a plain safe_load sees every config.
+    with open(CONFIG) as f:
+        configs = yaml.safe_load(f)
+    assert set(ORIGINAL_CONFIGS) | {"demo", "test"} <= set(configs)

@@ -1,0 +1,284 @@
+"""Train the 3D U-Net that maps N-body fields (dark matter) to hydrodynamic fields (gas).
+
+    python train.py --config=demo                       # the CPU demo on the synthetic data set
+    python train.py --config=short --num_epochs 4       # one GPU, as in the tutorial
+    python train.py --config=short --run_num=01 --resume            # continue an interrupted run
+    torchrun --nproc_per_node=4 train.py --config=bs256_opt --local_batch_size=64   # four GPUs
+
+Every key of config/UNet.yaml can be overridden as --key=value. The run writes to
+<expdir>/<config>/<N>GPU|<N>CPU/<run_num>/: out.log, config.yaml, checkpoint.pt, preview.png and
+logs/ (TensorBoard). The same code runs on CPU and on CUDA: the device is chosen once, below.
+"""
+import functools
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import yaml
+
+from networks.UNet import UNet
+from utils import get_data_loader_distributed, lr_schedule
+from utils.YParams import load_params
+from utils.checkpoint import CHECKPOINT_NAME, StopSignals, load_checkpoint, save_checkpoint
+from utils.distributed import all_reduce_mean, init_process_group, parallelize, read_world, shutdown
+from utils.errors import UserError, exit_on_user_error
+from utils.logging_utils import TensorBoard, config_logger, log_to_file
+from utils.losses import build_loss
+from utils.optim import Precision, build_optimizer, set_learning_rate
+from utils.preview import render_preview, save_png
+
+
+@dataclass
+class Position:
+    """Where training stands; saved in every checkpoint."""
+    epoch: int = 0           # epochs completed
+    step: int = 0            # optimiser steps taken
+    batch_in_epoch: int = 0  # steps taken in the epoch under way (non-zero only after an interruption)
+
+
+# ----------------------------------------------------------------------------- set-up
+
+def pick_device(params, world):
+    """The training device, chosen once: this rank's GPU when there is one, else the CPU."""
+    if params.device == "cpu" or (params.device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UserError("--device=cuda but PyTorch sees no CUDA device. Use --device=auto (or cpu), or "
+                        "install a CUDA build of PyTorch on a machine with a GPU.")
+    device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    torch.backends.cudnn.benchmark = True  # shapes never change: pick the fastest convolutions once
+    return device
+
+
+def check_sizes(options, params, world):
+    """Batch and crop sizes that can work, before any data is read."""
+    if options["local_batch_size"] is not None:
+        local = options["local_batch_size"]
+        if not isinstance(local, int) or isinstance(local, bool) or local < 1:
+            raise UserError(f"--local_batch_size={local} is invalid: it must be a positive integer.")
+        params.update({"global_batch_size": world.size * local})
+    if params.global_batch_size % world.size:
+        raise UserError(f"global_batch_size={params.global_batch_size} does not divide over {world.size} "
+                        f"ranks. Choose a multiple of {world.size}, or set --local_batch_size instead.")
+    multiple = UNet.size_multiple(params.full_scale)
+    if params.crop_size % multiple:
+        raise UserError(f"crop_size={params.crop_size} does not fit the U-Net: with full_scale="
+                        f"{params.full_scale} every level halves the crop, so its side must be a multiple "
+                        f"of {multiple}. Use e.g. --crop_size={max(multiple, params.crop_size // multiple * multiple)}"
+                        + ("" if not params.full_scale else " or --full_scale=false") + ".")
+    params.update({"world_size": world.size})
+
+
+def prepare_run_dir(options, params, world, device):
+    """The run directory; refuses to reuse one that holds a run unless --resume."""
+    kind = "GPU" if device.type == "cuda" else "CPU"
+    run_dir = os.path.join(params.expdir, options["config"], f"{world.size}{kind}", options["run_num"])
+    if os.path.isdir(run_dir) and os.listdir(run_dir) and not options["resume"]:
+        raise UserError(f"The run directory {run_dir} already holds a run. Pass --resume to continue it, "
+                        f"or a new --run_num (e.g. --run_num={options['run_num']}b) to start another.")
+    if world.is_main:
+        os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+    return run_dir
+
+
+def build_model(params, device):
+    return UNet(params.N_in_channels, params.N_out_channels, params.base_channels, params.full_scale).to(device)
+
+
+def resume(run_dir, model, optimizer, scaler):
+    """The saved position, with states restored, or a fresh start when there is no checkpoint."""
+    path = os.path.join(run_dir, CHECKPOINT_NAME)
+    if not os.path.exists(path):
+        logging.info("No checkpoint in %s: starting from scratch.", run_dir)
+        return Position()
+    try:
+        position = Position(**load_checkpoint(path, model, optimizer, scaler))
+    except (RuntimeError, KeyError, ValueError) as error:
+        raise UserError(f"The checkpoint {path} does not fit this run ({str(error).splitlines()[0]}). Resume "
+                        "with the config it was made with (see config.yaml beside it), or start a new "
+                        "--run_num.") from None
+    logging.info("Resumed from %s at epoch %d, step %d.", path, position.epoch + 1, position.step)
+    return position
+
+
+# ----------------------------------------------------------------------------- one step, one epoch
+
+def train_step(model, optimizer, loss_fn, precision, inputs, targets):
+    """Forward, loss, backward and optimiser update for one batch; returns the loss (on the device)."""
+    with precision.autocast():
+        loss = loss_fn(model(inputs), targets)
+    optimizer.zero_grad(set_to_none=True)
+    precision.scaler.scale(loss).backward()
+    precision.scaler.step(optimizer)
+    precision.scaler.update()
+    return loss.detach()
+
+
+def train_one_epoch(step_fn, loader, optimizer, schedule, position, device, stop):
+    """Run the epoch's remaining batches; return their losses, still on the device.
+
+    Nothing here waits for the device: losses go into a device tensor that the caller reads once,
+    at the end of the epoch.
+    """
+    losses = torch.zeros(len(loader), device=device)
+    done = 0
+    for inputs, targets in loader:
+        inputs = inputs.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True)
+        set_learning_rate(optimizer, schedule(position.step))
+        losses[done] = step_fn(inputs, targets)
+        done += 1
+        position.step += 1
+        position.batch_in_epoch += 1
+        if stop.received:
+            break
+    return losses[:done]
+
+
+@torch.no_grad()
+def validate(model, loader, loss_fn, precision, device, world):
+    """Mean validation loss over all ranks, and the first sample with its prediction (for the preview)."""
+    model.eval()
+    total = torch.zeros((), device=device)
+    count = 0
+    sample = None
+    for inputs, targets in loader:
+        inputs = inputs.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True)
+        with precision.autocast():
+            predictions = model(inputs)
+            total += loss_fn(predictions, targets).float() * len(inputs)
+        count += len(inputs)
+        if sample is None:
+            sample = {"input": inputs[0], "target": targets[0], "prediction": predictions[0]}
+    model.train()
+    mean = all_reduce_mean(total / count, world).item()  # waits for the device
+    return mean, {name: tensor.float().cpu().numpy() for name, tensor in sample.items()}
+
+
+def check_finite(losses, position, run_dir):
+    """Stop with a clear message at the first non-finite training loss (one host sync per call)."""
+    finite = torch.isfinite(losses)
+    if not bool(finite.all()):
+        first_bad = position.step - len(losses) + int((~finite).nonzero()[0])
+        raise UserError(f"The training loss became non-finite at step {first_bad}. Training stopped; the "
+                        f"last good checkpoint in {run_dir} (if any) is kept. Lower --start_lr, or use "
+                        "--amp_mode=bf16 or none instead of fp16.")
+
+
+# ----------------------------------------------------------------------------- the run
+
+@exit_on_user_error
+def main(argv=None, make_step=None):
+    """Set everything up, then train: ``num_epochs`` of (train, validate, log, checkpoint).
+
+    ``make_step(model, optimizer, loss_fn, precision, params)`` returns the function that trains on
+    one batch; train_graph.py passes one that replays a captured CUDA graph.
+    """
+    options, params = load_params(sys.argv[1:] if argv is None else argv)
+    world = read_world()
+    check_sizes(options, params, world)
+    device = pick_device(params, world)
+    init_process_group(world, device)
+    config_logger(world.is_main)
+    torch.manual_seed(params.seed)
+
+    # Data first: a missing or malformed file is reported before anything is written.
+    train_loader, val_loader = get_data_loader_distributed(params, world.rank, device)
+    run_dir = prepare_run_dir(options, params, world, device)
+    if world.is_main:
+        log_to_file(os.path.join(run_dir, "out.log"))
+        with open(os.path.join(run_dir, "config.yaml"), "w") as f:
+            yaml.safe_dump({**options, **params.to_dict()}, f, sort_keys=False)
+    params.log()
+    logging.info("Device: %s; %d rank(s); local batch %d; run directory %s", device, world.size,
+                 params.global_batch_size // world.size, run_dir)
+
+    # Model, optimiser, precision and loss, resolved once so that the loop has no branches for them.
+    model = build_model(params, device)
+    optimizer = build_optimizer(params, model)
+    precision = Precision(params.amp_mode, device)
+    loss_fn = build_loss(params)
+    logging.info("U-Net with %.1f M parameters", sum(p.numel() for p in model.parameters()) / 1e6)
+    position = resume(run_dir, model, optimizer, precision.scaler) if options["resume"] else Position()
+    model = parallelize(model, params, world, device)
+    step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
+
+    steps_per_epoch = len(train_loader)
+    schedule = functools.partial(lr_schedule, total_steps=params.num_epochs * steps_per_epoch, params=params)
+    tensorboard = TensorBoard(os.path.join(run_dir, "logs"), enabled=world.is_main)
+    stop = StopSignals()
+
+    def validate_and_log():
+        start = time.time()
+        val_loss, sample = validate(model, val_loader, loss_fn, precision, device, world)
+        logging.info("  Avg val loss=%f", val_loss)
+        logging.info("  Total validation time: %s sec", time.time() - start)
+        tensorboard.scalar("Loss/valid", val_loss, position.step)
+        if params.preview_image and world.is_main:
+            image = render_preview(sample, f"{options['config']}, step {position.step}, val loss {val_loss:.4f}")
+            save_png(os.path.join(run_dir, "preview.png"), image)
+            tensorboard.image("Preview", image, position.step)
+        return val_loss
+
+    def checkpoint():
+        if params.checkpoint and world.is_main:
+            save_checkpoint(os.path.join(run_dir, CHECKPOINT_NAME), model, optimizer, precision.scaler,
+                            asdict(position), params)
+
+    if position.step == 0:
+        logging.info("Validation before training (step 0)")
+        validate_and_log()
+        tensorboard.scalar("Learning Rate", schedule(0), 0)
+
+    for epoch in range(position.epoch, params.num_epochs):
+        train_loader.sampler.set_epoch(epoch, start=position.batch_in_epoch * train_loader.batch_size)
+        first_step = position.step
+        start = time.time()
+        losses = train_one_epoch(step_fn, train_loader, optimizer, schedule, position, device, stop)
+        check_finite(losses, position, run_dir)  # waits for the device: the epoch's work is done
+        elapsed = time.time() - start
+        if stop.received:
+            checkpoint()
+            logging.info("Stopped at step %d with a checkpoint in %s; continue with --resume.", position.step, run_dir)
+            shutdown(world)
+            sys.exit(128 + stop.received)
+
+        steps = position.step - first_step
+        train_loss = all_reduce_mean(losses.mean(), world).item()
+        samples_per_sec = steps * params.global_batch_size / elapsed
+        logging.info("Time taken for epoch %d is %s sec, avg %s samples/sec", epoch + 1, elapsed, samples_per_sec)
+        logging.info("  Avg train loss=%f", train_loss)
+        if first_step == 0:  # the loss of the first batch, before any update: the train loss at step 0
+            tensorboard.scalar("Loss/train", all_reduce_mean(losses[0].clone(), world).item(), 0)
+        tensorboard.scalar("Loss/train", train_loss, position.step)
+        tensorboard.scalar("Learning Rate", optimizer.param_groups[0]["lr"], position.step)
+        tensorboard.scalar("Avg iters per sec", steps / elapsed, position.step)
+
+        validate_and_log()
+        position.epoch, position.batch_in_epoch = epoch + 1, 0
+        checkpoint()
+        tensorboard.flush()
+        if stop.received:
+            logging.info("Stopped after epoch %d with a checkpoint in %s; continue with --resume.", epoch + 1, run_dir)
+            shutdown(world)
+            sys.exit(128 + stop.received)
+
+    tensorboard.close()
+    logging.info("Done. TensorBoard logs: %s (view with: tensorboard --logdir %s)",
+                 os.path.join(run_dir, "logs"), params.expdir)
+    if params.preview_image:
+        logging.info("Preview image: %s", os.path.join(run_dir, "preview.png"))
+    shutdown(world)
+
+
+def default_step(model, optimizer, loss_fn, precision, params):
+    return functools.partial(train_step, model, optimizer, loss_fn, precision)
+
+
+if __name__ == "__main__":
+    main()

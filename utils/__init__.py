@@ -1,0 +1,41 @@
+"""Helpers of the training scripts: the data-loader dispatcher and the learning-rate schedule.
+
+The loader modules are imported only when asked for, so that optional dependencies of one
+loader kind are never needed by another.
+"""
+import math
+
+NATIVE_LOADERS = ("synthetic", "inmem", "lowmem")
+
+
+def get_data_loader_distributed(params, world_rank, device_id=None):
+    """``(train_loader, val_loader)`` for ``params.data_loader_config``, this rank's share.
+
+    ``device_id`` is the training device (a ``torch.device`` or a CUDA index); on a GPU the native
+    loaders pin their batches so that the copy to the device can overlap with compute.
+    """
+    world_size = params.get("world_size", 1)
+    kind = params.data_loader_config
+    if kind in NATIVE_LOADERS:
+        from utils.data_loader import get_data_loaders
+
+        on_gpu = isinstance(device_id, int) or getattr(device_id, "type", None) == "cuda"
+        return get_data_loaders(params, world_rank, world_size, pin_memory=on_gpu)
+    raise ValueError(f"unknown data_loader_config {kind!r}")  # YParams.validate refuses it earlier
+
+
+def lr_schedule(step, total_steps, params):
+    """The learning rate at optimiser step ``step`` (0-based): scaled, warmed up, cosine-decayed.
+
+    When the global batch is larger than ``base_batch_size`` and ``lr_scaling`` is ``sqrt`` or
+    ``linear``, the initial rate is ``start_lr`` times the square root (or the ratio) of
+    global/base, reached linearly over ``warmup_steps``. Then a cosine decays it to ``end_lr``
+    at ``total_steps``.
+    """
+    ratio = params.global_batch_size / params.base_batch_size
+    scale = {"none": 1.0, "sqrt": math.sqrt(ratio), "linear": ratio}[params.lr_scaling]
+    initial = params.start_lr * scale
+    if scale > 1.0 and step < params.warmup_steps:
+        return initial * (step + 1) / params.warmup_steps
+    progress = min(step / max(total_steps, 1), 1.0)
+    return params.end_lr + 0.5 * (initial - params.end_lr) * (1.0 + math.cos(math.pi * progress))

@@ -1,0 +1,205 @@
+"""Native PyTorch data loaders: random 3-D crops of the N-body and hydro volumes.
+
+A sample is a random ``crop_size``^3 window, the same for input (``Nbody``, 4 channels) and target
+(``Hydro``, 5 channels), transformed by one random element of the cube's symmetry group
+(:mod:`utils.symmetry`), vector channels included. Three kinds share that access pattern:
+
+- ``synthetic``: random numbers of the crop's shape, no file access: isolates compute from I/O.
+- ``inmem``: both volumes read into memory once; workers share them (fork, copy-on-write).
+- ``lowmem``: each crop read from the HDF5 file when needed; each worker opens its own handle.
+
+Reproducibility: which crop and which symmetry element a sample gets is a pure function of
+(seed, split, epoch, index), drawn by :meth:`RandomCropDataset.draw`. The sampler hands out
+``(epoch, index)`` keys, split over ranks by :class:`~torch.utils.data.DistributedSampler`, so
+ranks and workers draw different crops, a run is the same for any number of workers, and a
+resumed run sees exactly the crops the interrupted one would have seen. Validation uses the
+same crops at every pass (epoch key 0, no augmentation), so its losses compare across epochs.
+"""
+import os
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from utils import symmetry
+from utils.errors import UserError
+
+TRAIN_SPLIT, VALID_SPLIT = 0, 1
+MAKE_DATA = ("Make the synthetic data set with `python -m utils.generate_data` (it writes "
+             "data/synthetic_train.h5 and data/synthetic_valid.h5), or point --train_path and "
+             "--val_path at HDF5 files in the real data set's layout.")
+
+
+def inspect_volume(path, n_in, n_out):
+    """The box side of an HDF5 data file, after checking it has the layout the loaders expect."""
+    if not os.path.isfile(path):
+        raise UserError(f"The data file {path} does not exist. {MAKE_DATA}")
+    try:
+        with h5py.File(path, "r") as f:
+            missing = [name for name in ("Nbody", "Hydro") if name not in f]
+            if missing:
+                raise UserError(f"The data file {path} has no dataset {' or '.join(missing)} (it holds: "
+                                f"{', '.join(f.keys()) or 'nothing'}). The loaders need 'Nbody' of shape "
+                                f"({n_in}, L, L, L) and 'Hydro' of shape ({n_out}, L, L, L). {MAKE_DATA}")
+            nbody, hydro = f["Nbody"].shape, f["Hydro"].shape
+    except OSError as error:
+        raise UserError(f"The data file {path} cannot be read as HDF5 ({error}). It may be truncated or "
+                        f"not an HDF5 file at all. {MAKE_DATA}") from None
+    side = nbody[-1] if nbody else 0
+    if nbody != (n_in, side, side, side) or hydro != (n_out, side, side, side):
+        raise UserError(f"The data file {path} has datasets of the wrong shape: Nbody {nbody} and Hydro "
+                        f"{hydro}, where ({n_in}, L, L, L) and ({n_out}, L, L, L) with one box side L "
+                        f"are expected (channel first). {MAKE_DATA}")
+    return side
+
+
+class CropSampler(DistributedSampler):
+    """This rank's share of the sample indices, as ``(epoch, index)`` keys.
+
+    ``set_epoch(epoch, start)`` also skips the first ``start`` samples of this rank's share, so a
+    run resumed in the middle of an epoch continues where it stopped. ``fixed_epoch`` pins the
+    epoch key (validation draws the same crops every time).
+    """
+
+    def __init__(self, num_samples, num_replicas, rank, fixed_epoch=None):
+        super().__init__(range(num_samples), num_replicas=num_replicas, rank=rank, shuffle=False)
+        self.fixed_epoch = fixed_epoch
+        self.start = 0
+
+    def set_epoch(self, epoch, start=0):
+        super().set_epoch(epoch)
+        self.start = start
+
+    def __iter__(self):
+        epoch = self.epoch if self.fixed_epoch is None else self.fixed_epoch
+        indices = list(super().__iter__())[self.start:]
+        return iter([(epoch, index) for index in indices])
+
+    def __len__(self):
+        return super().__len__() - self.start
+
+
+class RandomCropDataset(Dataset):
+    """Random crops plus one symmetry element; subclasses say where the voxels come from."""
+
+    def __init__(self, params, num_samples, split, box_side, augment):
+        self.num_samples = num_samples
+        self.crop_size = params.crop_size
+        self.box_side = box_side
+        self.seed = params.seed
+        self.split = split
+        self.elements = symmetry.group(params.augment if augment else "none")
+        self.nbody_vectors = [tuple(params.nbody_vector_channels)] if params.nbody_vector_channels else []
+        self.hydro_vectors = [tuple(params.hydro_vector_channels)] if params.hydro_vector_channels else []
+
+    def __len__(self):
+        return self.num_samples
+
+    def draw(self, key):
+        """The crop corner and symmetry element of sample ``key = (epoch, index)``."""
+        epoch, index = key
+        rng = np.random.default_rng((self.seed, self.split, epoch, index))
+        corner = rng.integers(0, self.box_side - self.crop_size, size=3, endpoint=True)
+        element = self.elements[rng.integers(len(self.elements))]
+        return corner, element
+
+    def read_crop(self, corner):
+        """Input and target voxels of the crop at ``corner``, channel first, float32."""
+        raise NotImplementedError
+
+    def crop_slices(self, corner):
+        return tuple(slice(int(c), int(c) + self.crop_size) for c in corner)
+
+    def __getitem__(self, key):
+        corner, element = self.draw(key)
+        nbody, hydro = self.read_crop(corner)
+        nbody = symmetry.apply_numpy(nbody, element, self.nbody_vectors)
+        hydro = symmetry.apply_numpy(hydro, element, self.hydro_vectors)
+        return torch.from_numpy(nbody), torch.from_numpy(hydro)
+
+
+class SyntheticDataset(RandomCropDataset):
+    """Random numbers in place of the data: the same shapes and augmentation, no file access."""
+
+    def __init__(self, params, num_samples, split, augment):
+        super().__init__(params, num_samples, split, box_side=params.crop_size, augment=augment)
+        self.n_in, self.n_out = params.N_in_channels, params.N_out_channels
+
+    def read_crop(self, corner):
+        rng = np.random.default_rng((self.seed, self.split, *corner.tolist()))
+        shape = (self.crop_size,) * 3
+        nbody = rng.uniform(-1, 1, size=(self.n_in, *shape)).astype(np.float32)
+        hydro = rng.uniform(-1, 1, size=(self.n_out, *shape)).astype(np.float32)
+        return nbody, hydro
+
+
+class InMemoryDataset(RandomCropDataset):
+    """Both volumes read into memory when the loader is built."""
+
+    def __init__(self, params, path, num_samples, split, box_side, augment):
+        super().__init__(params, num_samples, split, box_side, augment)
+        with h5py.File(path, "r") as f:
+            self.nbody = f["Nbody"][...].astype(np.float32, copy=False)
+            self.hydro = f["Hydro"][...].astype(np.float32, copy=False)
+
+    def read_crop(self, corner):
+        window = (slice(None), *self.crop_slices(corner))
+        return self.nbody[window], self.hydro[window]
+
+
+class LowMemDataset(RandomCropDataset):
+    """Each crop read from disk; the HDF5 file is opened lazily, once per worker process."""
+
+    def __init__(self, params, path, num_samples, split, box_side, augment):
+        super().__init__(params, num_samples, split, box_side, augment)
+        self.path = path
+        self._file, self._pid = None, None
+
+    def read_crop(self, corner):
+        # A handle opened before a fork must not be shared, so each process opens its own.
+        if self._pid != os.getpid():
+            self._file, self._pid = h5py.File(self.path, "r"), os.getpid()
+        window = (slice(None), *self.crop_slices(corner))
+        nbody = self._file["Nbody"][window].astype(np.float32, copy=False)
+        hydro = self._file["Hydro"][window].astype(np.float32, copy=False)
+        return nbody, hydro
+
+    def __getstate__(self):
+        # Worker processes started by spawn receive a copy without the open handle.
+        return {**self.__dict__, "_file": None, "_pid": None}
+
+
+def build_dataset(params, path, num_samples, split, augment):
+    kind = params.data_loader_config
+    if kind == "synthetic":
+        return SyntheticDataset(params, num_samples, split, augment)
+    box_side = inspect_volume(path, params.N_in_channels, params.N_out_channels)
+    if params.crop_size > box_side:
+        raise UserError(f"crop_size={params.crop_size} is larger than the box side {box_side} of {path}. "
+                        f"Use --crop_size={box_side} or less, or a larger box (python -m "
+                        f"utils.generate_data --train_size ... --val_size ... --force).")
+    dataset_class = InMemoryDataset if kind == "inmem" else LowMemDataset
+    return dataset_class(params, path, num_samples, split, box_side, augment)
+
+
+def get_data_loaders(params, world_rank, world_size, pin_memory):
+    """Training and validation loaders yielding ``(input, target)`` of shape (B, 4|5, S, S, S)."""
+    local_batch_size = params.global_batch_size // world_size
+    workers = params.num_data_workers
+    loaders = []
+    for path, num_samples, split in ((params.train_path, params.Nsamples, TRAIN_SPLIT),
+                                     (params.val_path, params.Nsamples_val, VALID_SPLIT)):
+        is_train = split == TRAIN_SPLIT
+        dataset = build_dataset(params, path, num_samples, split, augment=is_train)
+        sampler = CropSampler(num_samples, world_size, world_rank, fixed_epoch=None if is_train else 0)
+        loaders.append(DataLoader(
+            dataset,
+            batch_size=local_batch_size,
+            sampler=sampler,
+            num_workers=workers,
+            pin_memory=pin_memory,  # page-locked buffers: faster, asynchronous copies to the GPU
+            persistent_workers=workers > 0,  # keep workers (and their open files) between epochs
+            drop_last=is_train,  # every training step sees a full batch
+        ))
+    return tuple(loaders)

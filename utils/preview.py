@@ -1,0 +1,53 @@
+"""The picture users want after each validation: one central slice of input, truth and prediction.
+
+Five panels: input dark-matter density, true and predicted gas density, true and predicted gas
+temperature, truth and prediction on the same colour scale so that they compare at a glance.
+"""
+import os
+
+import numpy as np
+
+PANELS = (  # (title, source, channel)
+    ("dark-matter density (input)", "input", 0),
+    ("gas density (true)", "target", 0),
+    ("gas density (predicted)", "prediction", 0),
+    ("temperature (true)", "target", 1),
+    ("temperature (predicted)", "prediction", 1),
+)
+
+
+def render_preview(sample, title=""):
+    """An (H, W, 3) uint8 image of the central slice; ``sample`` maps 'input'/'target'/'prediction'
+    to one sample's (C, D, H, W) numpy arrays."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed; safe in batch jobs
+    import matplotlib.pyplot as plt
+
+    middle = sample["input"].shape[1] // 2
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(3.2 * len(PANELS), 3.4), dpi=80)
+    for ax, (name, source, channel) in zip(axes, PANELS):
+        field = sample[source][channel, middle]
+        # Truth and prediction of a field share the truth's colour range.
+        reference = sample["target" if source != "input" else "input"][channel, middle]
+        ax.imshow(field, cmap="inferno" if channel == 0 else "viridis",
+                  vmin=float(reference.min()), vmax=float(reference.max()), origin="lower")
+        ax.set_title(name, fontsize=10)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.canvas.draw()
+    image = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+    plt.close(fig)
+    return image
+
+
+def save_png(path, image):
+    """Write ``image`` as a PNG atomically (temporary file, then rename)."""
+    import matplotlib.image
+
+    temporary = f"{path}.tmp.{os.getpid()}.png"
+    matplotlib.image.imsave(temporary, image)
+    os.replace(temporary, path)
