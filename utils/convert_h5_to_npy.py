@@ -75,6 +75,18 @@ def checked_dataset(h5_file, key, h5_path, flag):
     return item
 
 
+def make_writable_dir(path, what):
+    """Create directory ``path`` if needed; refuse clearly if it cannot be created or written to."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserError(f"{what} {path} exists and is not a directory; pick another path.")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"cannot create {what} {path} ({error.strerror}); pick a writable path.") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"{what} {path} is not writable; pick a writable path.")
+
+
 def write_channel_last(dataset, path):
     """Write ``dataset`` (C, D, H, W) to ``path`` as a (D, H, W, C) float32 .npy, atomically."""
     channels, depth, height, width = dataset.shape
@@ -105,7 +117,7 @@ def convert(h5_path, out_dir=None, data_key="Nbody", label_key="Hydro", force=Fa
     unless ``force``).
     """
     data_path, label_path = output_paths(h5_path, out_dir)
-    out_dir = os.path.dirname(data_path)
+    out_dir = os.path.dirname(data_path) or "."
     with open_h5(h5_path) as h5_file:
         data = checked_dataset(h5_file, data_key, h5_path, "-d")
         label = checked_dataset(h5_file, label_key, h5_path, "-l")
@@ -114,15 +126,13 @@ def convert(h5_path, out_dir=None, data_key="Nbody", label_key="Hydro", force=Fa
                 f"in {h5_path}, {data_key!r} has spatial shape {data.shape[1:]} but {label_key!r} has "
                 f"{label.shape[1:]}; data and label must cover the same voxels."
             )
-        if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-            raise UserError(f"output directory {out_dir} exists and is not a directory; pick another with -o.")
         existing = [path for path in (data_path, label_path) if os.path.exists(path)]
         if existing and not force:
             raise UserError(
                 f"refusing to overwrite {', '.join(existing)}. Pass --force to overwrite, or choose "
                 "another output directory with -o."
             )
-        os.makedirs(out_dir, exist_ok=True)
+        make_writable_dir(out_dir, "output directory (-o)")
         write_channel_last(data, data_path)
         write_channel_last(label, label_path)
     return data_path, label_path
@@ -135,9 +145,12 @@ def parse_args(argv):
         "with channel-first (C, D, H, W) datasets.",
     )
     parser.add_argument("-i", "--input", required=True, help="HDF5 file to convert")
-    parser.add_argument("-d", "--data_key", default="Nbody", help="dataset written to data.npy (default: Nbody)")
-    parser.add_argument("-l", "--label_key", default="Hydro", help="dataset written to label.npy (default: Hydro)")
-    parser.add_argument("-o", "--out_dir", default=None, help="output directory (default: <input without .h5>_npy)")
+    parser.add_argument("-d", "--data_key", default="Nbody",
+                        help="dataset written to data.npy (default: Nbody)")
+    parser.add_argument("-l", "--label_key", default="Hydro",
+                        help="dataset written to label.npy (default: Hydro)")
+    parser.add_argument("-o", "--out_dir", default=None,
+                        help="output directory (default: the input's path without .h5, plus _npy)")
     parser.add_argument("--force", action="store_true", help="overwrite existing .npy files")
     return parser.parse_args(argv)
 

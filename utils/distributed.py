@@ -56,11 +56,13 @@ def parallelize(model, params, world, device):
     """
     if world.size == 1 or params.noddp:
         return model
+    # Newer torch deprecates the broadcast_buffers argument (with a warning), so pass it only to change it.
+    buffers = {"broadcast_buffers": False} if params.disable_broadcast_buffers else {}
     return DistributedDataParallel(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
         bucket_cap_mb=params.bucket_cap_mb,
-        broadcast_buffers=not params.disable_broadcast_buffers,
+        **buffers,
     )
 
 

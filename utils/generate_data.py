@@ -8,8 +8,9 @@ writes ``synthetic_train.h5`` and ``synthetic_valid.h5`` with a toy universe in 
 1. Linear density contrast: a periodic Gaussian random field with power spectrum
    ``P(k) ~ k^n * k^2 / (k^2 + k_t^2) * exp(-(k r_c)^2)``. The ``k^n`` part (n about -2) gives
    cosmic-web-like filaments in small boxes; the turnover at ``k_t = 2 pi / turnover_cells``
-   makes it white on large scales, like a real spectrum, so displacements and velocities do not
-   grow with the box side and one velocity scale fits train and validation boxes of any size;
+   makes it white on large scales, like a real spectrum, so displacements and velocities stop
+   growing with the box side (rms velocity 0.7, 0.8, 0.9 at sides 64, 128, 256) and one velocity
+   scale fits train and validation boxes of any size;
    the Gaussian cut-off at ``r_c = cutoff_cells`` removes grid noise. The amplitude is fixed by
    the rms of the linear contrast in an infinite volume (``--sigma``, the growth factor in
    disguise), so boxes of different sides share one spectrum, as simulations of one cosmology do.
@@ -25,7 +26,8 @@ writes ``synthetic_train.h5`` and ``synthetic_valid.h5`` with a toy universe in 
    ``scatter_cells``), not white noise per voxel.
 
 Everything is FFT-based and therefore periodic, and deterministic for a seed
-(``numpy.random.default_rng``; train uses ``seed``, validation ``seed + 1``).
+(``numpy.random.default_rng``; train draws from the stream ``[seed, 0]``, validation from
+``[seed, 1]``, so no seed's validation box is another seed's training box).
 
 Layout (that of the real data): dataset ``Nbody`` of shape (4, L, L, L) and dataset ``Hydro``
 of shape (5, L, L, L), float32, channel first (C, D, H, W). Velocity component k lies along
@@ -33,23 +35,27 @@ array axis k + 1, i.e. channel 1 along D, 2 along H, 3 along W. Transforms, ever
 clipped into [-LIMIT, LIMIT] with LIMIT = 0.999 so that a tanh output can reach every target:
 
 - ``Nbody[0]`` dark-matter density:  ``ln(rho_dm / mean) / 14``. Cells no particle reached
-  (rare, deep voids) have rho = 0 and take the floor value -LIMIT.
-- ``Nbody[1:4]`` dark-matter velocity:  ``v / VELOCITY_SCALE`` then clipped (no squash, so the
-  transform is linear and exactly invertible inside the range; with the default physics the
-  rms is about a fifth of the range and under 0.01 % of voxels clip).
+  (deep voids, about 0.4 % of voxels with the defaults) have rho = 0 and take the floor -LIMIT.
+- ``Nbody[1:4]`` dark-matter velocity:  ``v / VELOCITY_SCALE`` with VELOCITY_SCALE = 4, then
+  clipped. No squash, so the transform is linear and exactly invertible inside the range; with
+  the default physics the rms is about a fifth of the range and under 0.001 % of voxels clip.
 - ``Hydro[0]`` gas density:  ``ln(rho_gas / mean) / 14``, i.e. the physical value is
   ``exp(14 x)`` times the mean.
 - ``Hydro[1]`` gas temperature:  ``(log10(T / K) - TEMPERATURE_CENTRE) / TEMPERATURE_SCALE``
-  with centre 4 and scale 2 dex, i.e. 10^2 K .. 10^6 K maps to -1 .. 1, then clipped.
+  with centre 4 and scale 1 dex, i.e. 10^3 K .. 10^5 K maps to -1 .. 1, then clipped (the
+  default relation spans about 2e3 .. 4e4 K, so nothing clips).
 - ``Hydro[2:5]`` gas velocity:  like the dark-matter velocity.
 
-Memory: about 70 bytes per voxel of the larger box at peak (a 256^3 box needs about 1.2 GB).
+Unless ``--no_npy``, each HDF5 file also gets its channel-last .npy copies (for the DALI loader)
+from utils.convert_h5_to_npy, in ``<name>_npy/``. Memory: about 80 bytes per voxel of the larger
+box at peak (a 256^3 box needs about 1.3 GB; time about 15 s for 256^3 + 128^3 on 2 cores).
 
 Usage:
     python -m utils.generate_data                       # data/synthetic_{train,valid}.h5, 128^3 and 64^3
     python -m utils.generate_data --train_size 256 --val_size 128 --force
 """
 import argparse
+import functools
 import itertools
 import math
 import os
@@ -59,7 +65,7 @@ import h5py
 import numpy as np
 from tqdm import tqdm
 
-from utils.convert_h5_to_npy import convert, output_paths as npy_output_paths
+from utils.convert_h5_to_npy import convert, make_writable_dir, output_paths as npy_output_paths
 from utils.errors import UserError, exit_on_user_error
 
 GENERATOR_NAME = "utils.generate_data"
@@ -71,20 +77,34 @@ DENSITY_FLOOR = math.exp(-DENSITY_LOG_SCALE * LIMIT)  # densities below this wou
 TEMPERATURE_CENTRE = 4.0  # log10(T / K) stored as 0
 TEMPERATURE_SCALE = 1.0  # dex stored as 1
 VELOCITY_SCALE = 4.0  # in units of H times the cell size; see the module docstring
+BYTES_PER_VOXEL = 80  # peak memory of a run per voxel of its larger box, measured at 256^3
 
 # Physics knobs and their defaults. The defaults give clear filaments and voids in a 64^3 box,
-# a gas density visibly smoother than the dark matter, and little clipping.
+# a gas density visibly smoother than the dark matter, a tight temperature-density relation
+# (Pearson about 0.93) and almost no clipping.
 PHYSICS_DEFAULTS = {
-    "spectral_index": -2.0,  # n of P(k) ~ k^n between the turnover and the cut-off
-    "sigma": 1.0,  # rms linear density contrast at grid resolution, infinite volume
-    "cutoff_cells": 1.0,  # Gaussian small-scale cut-off of the linear field
-    "turnover_cells": 32.0,  # wavelength (cells) where P(k) turns over to white noise
-    "growth_rate": 0.5,  # f = dln D / dln a; velocity = f * displacement
-    "jeans_cells": 1.5,  # Gaussian pressure-smoothing length of the gas
-    "t0": 1.0e4,  # temperature (K) at the mean gas density
-    "gamma": 1.5,  # slope of the temperature-density relation, T ~ rho^(gamma - 1)
-    "scatter_dex": 0.05,  # rms of the log-normal temperature scatter, in dex
-    "scatter_cells": 4.0,  # correlation length of that scatter
+    "spectral_index": -2.0,
+    "sigma": 1.0,
+    "cutoff_cells": 1.0,
+    "turnover_cells": 32.0,
+    "growth_rate": 0.5,
+    "jeans_cells": 1.5,
+    "t0": 1.0e4,
+    "gamma": 1.5,
+    "scatter_dex": 0.05,
+    "scatter_cells": 4.0,
+}
+PHYSICS_HELP = {
+    "spectral_index": "slope n of P(k) ~ k^n between the turnover and the cut-off",
+    "sigma": "rms linear density contrast at grid resolution (the growth factor)",
+    "cutoff_cells": "Gaussian small-scale cut-off of the linear field, in cells",
+    "turnover_cells": "wavelength where P(k) turns over to white noise, in cells",
+    "growth_rate": "f = dln D / dln a; velocity = f H displacement",
+    "jeans_cells": "Gaussian pressure-smoothing length of the gas, in cells",
+    "t0": "gas temperature at the mean density, in K",
+    "gamma": "slope of the temperature-density relation, T ~ rho^(gamma - 1)",
+    "scatter_dex": "rms of the log-normal temperature scatter, in dex",
+    "scatter_cells": "correlation length of that scatter, in cells",
 }
 
 # Stages reported to the progress callback of generate_box, in order.
@@ -207,15 +227,15 @@ def deposit_particles(psi, velocity, empty_mass=0.05):
     cells keep their deposited velocity.
 
     np.bincount with weights does the scatter-add (np.add.at is far slower). Particles go in
-    slabs of Lagrangian planes, all eight CIC corners in one bincount, so temporaries stay near
-    16 M entries whatever the box side. Along D a slab's particles only reach the planes around
+    slabs of about 256 k particles, all eight CIC corners in one bincount, so temporaries stay
+    small whatever the box side. Along D a slab's particles only reach the planes around
     it, so each bincount fills just that block of planes, which is then wrapped into the box:
     allocating and adding a full-box output per call would cost more than the counting.
     """
     side = psi.shape[1]
     mass = np.zeros((side, side, side), dtype=np.float32)
     momentum = np.zeros((3, side, side, side), dtype=np.float32)
-    planes = max(1, (1 << 22) // (side * side))
+    planes = max(1, (1 << 18) // (side * side))  # about 256 k particles per slab
     grid = np.arange(side, dtype=np.float32)
     for start in range(0, side, planes):
         stop = min(side, start + planes)
@@ -255,7 +275,7 @@ def deposit_particles(psi, velocity, empty_mass=0.05):
 
 
 def add_planes(box, block, first_plane):
-    """Add a block of consecutive D-planes, the first at ``first_plane`` (any integer), into a periodic box."""
+    """Add consecutive D-planes, the first at ``first_plane`` (any integer), into a periodic box."""
     side = box.shape[0]
     for offset, plane in enumerate(block.reshape(-1, side, side)):
         box[(first_plane + offset) % side] += plane
@@ -284,11 +304,12 @@ def check_physics(physics):
     if unknown:
         raise TypeError(f"unknown physics parameter(s) {unknown}; known: {sorted(PHYSICS_DEFAULTS)}")
     physics = {**PHYSICS_DEFAULTS, **physics}
-    problems = []
+    problems = [f"{name} must be a finite number, got {value}" for name, value in physics.items()
+                if not math.isfinite(value)]
     if not -3.0 < physics["spectral_index"] <= 1.0:
         problems.append(
             f"spectral_index {physics['spectral_index']} must be in (-3, 1]: at -3 and below the "
-            "large-scale power diverges, above 1 grid-scale noise dominates"
+            "large-scale displacements diverge, above 1 grid-scale noise dominates"
         )
     positive = ("sigma", "cutoff_cells", "turnover_cells", "growth_rate", "t0", "scatter_cells")
     for name in positive:
@@ -307,7 +328,9 @@ def check_physics(physics):
 def check_side(side, what="box side"):
     """The box must have an even side (the rfft Nyquist plane and 2x pooling) of at least 8."""
     if isinstance(side, bool) or not isinstance(side, (int, np.integer)) or side < 8 or side % 2:
-        raise UserError(f"the {what} must be an even integer of at least 8, got {side!r}; pick e.g. 64 or 128.")
+        raise UserError(
+            f"the {what} must be an even integer of at least 8, got {side!r}; pick e.g. 64 or 128."
+        )
 
 
 def generate_box(side, seed, *, progress=None, **physics):
@@ -349,7 +372,9 @@ def generate_box(side, seed, *, progress=None, **physics):
 
     # A smooth unit-variance random field for the scatter: nearby cells share their deviation
     # from the temperature-density relation, as gas that was heated together does.
-    scatter = gaussian_smooth(rng.standard_normal((side, side, side), dtype=np.float32), physics["scatter_cells"], k2)
+    white = rng.standard_normal((side, side, side), dtype=np.float32)
+    scatter = gaussian_smooth(white, physics["scatter_cells"], k2)
+    del white
     scatter /= max(float(scatter.std()), 1e-30)
     log10_t = (
         np.float32(math.log10(physics["t0"]))
@@ -392,7 +417,7 @@ def write_h5(path, nbody, hydro, attrs=None):
 
 
 def clipped_fraction(array):
-    """Per channel, the fraction of voxels at the clip limit (useful provenance, and a warning sign)."""
+    """Per channel, the fraction of voxels at the clip limit (provenance, and a warning sign)."""
     return np.array([float(np.mean(np.abs(channel) >= np.float32(LIMIT))) for channel in array])
 
 
@@ -426,33 +451,18 @@ def parse_args(argv):
         "(Nbody (4, L, L, L), Hydro (5, L, L, L), float32, values in (-1, 1)).",
     )
     parser.add_argument("--out_dir", default="data", help="output directory (default: data)")
-    parser.add_argument("--train_size", type=int, default=128, help="box side of the train file (default: 128)")
-    parser.add_argument("--val_size", type=int, default=64, help="box side of the validation file (default: 64)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the train box; validation uses seed + 1")
+    parser.add_argument("--train_size", type=int, default=128,
+                        help="box side of the train file, even, >= 8 (default: 128)")
+    parser.add_argument("--val_size", type=int, default=64,
+                        help="box side of the validation file, even, >= 8 (default: 64)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the data set (train and validation draw independent streams)")
     parser.add_argument("--force", action="store_true", help="overwrite existing output files")
     parser.add_argument("--no_npy", action="store_true", help="skip the channel-last .npy copies")
-    physics = parser.add_argument_group("physics")
-    d = PHYSICS_DEFAULTS
-    physics.add_argument("--spectral_index", type=float, default=d["spectral_index"],
-                         help=f"slope n of P(k) ~ k^n (default: {d['spectral_index']:g})")
-    physics.add_argument("--sigma", type=float, default=d["sigma"],
-                         help=f"rms linear density contrast, i.e. the growth (default: {d['sigma']:g})")
-    physics.add_argument("--cutoff_cells", type=float, default=d["cutoff_cells"],
-                         help=f"small-scale cut-off of the linear field, cells (default: {d['cutoff_cells']:g})")
-    physics.add_argument("--turnover_cells", type=float, default=d["turnover_cells"],
-                         help=f"wavelength of the large-scale turnover, cells (default: {d['turnover_cells']:g})")
-    physics.add_argument("--growth_rate", type=float, default=d["growth_rate"],
-                         help=f"f, velocity = f H displacement (default: {d['growth_rate']:g})")
-    physics.add_argument("--jeans_cells", type=float, default=d["jeans_cells"],
-                         help=f"gas pressure-smoothing length, cells (default: {d['jeans_cells']:g})")
-    physics.add_argument("--t0", type=float, default=d["t0"],
-                         help=f"temperature at mean density, K (default: {d['t0']:g})")
-    physics.add_argument("--gamma", type=float, default=d["gamma"],
-                         help=f"T ~ rho^(gamma - 1) (default: {d['gamma']:g})")
-    physics.add_argument("--scatter_dex", type=float, default=d["scatter_dex"],
-                         help=f"log-normal temperature scatter, dex (default: {d['scatter_dex']:g})")
-    physics.add_argument("--scatter_cells", type=float, default=d["scatter_cells"],
-                         help=f"correlation length of the scatter, cells (default: {d['scatter_cells']:g})")
+    physics = parser.add_argument_group("physics (see the module docstring)")
+    for name, default in PHYSICS_DEFAULTS.items():
+        physics.add_argument(f"--{name}", type=float, default=default,
+                             help=f"{PHYSICS_HELP[name]} (default: {default:g})")
     args = parser.parse_args(argv)
     args.physics = {name: getattr(args, name) for name in PHYSICS_DEFAULTS}
     return args
@@ -469,44 +479,68 @@ def planned_outputs(out_dir, write_npy):
     return paths
 
 
+def check_memory(sides):
+    """Refuse a box that cannot fit in this machine's memory, instead of dying an hour later."""
+    needed = BYTES_PER_VOXEL * max(sides) ** 3
+    try:
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return  # not a POSIX system that can tell; just try
+    if needed > available:
+        raise UserError(
+            f"a {max(sides)}^3 box needs about {needed / 2**30:.0f} GiB of memory, but this machine has "
+            f"{available / 2**30:.0f} GiB; choose smaller --train_size / --val_size."
+        )
+
+
+def advance(bar, label, stage):
+    """Progress callback for generate_box: one tick of the bar per finished stage."""
+    bar.set_postfix_str(f"{label}: {stage}", refresh=False)
+    bar.update(1)
+
+
 @exit_on_user_error
 def main(argv=None):
     args = parse_args(argv)
     check_side(args.train_size, "train size (--train_size)")
     check_side(args.val_size, "validation size (--val_size)")
+    if args.seed < 0:
+        raise UserError(f"--seed must be zero or positive, got {args.seed}.")
     physics = check_physics(args.physics)
+    check_memory((args.train_size, args.val_size))
 
-    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
-        raise UserError(f"--out_dir {args.out_dir} exists and is not a directory; pick another path.")
+    # Check every output before writing any, so a refused run leaves everything as it was.
     existing = [path for path in planned_outputs(args.out_dir, not args.no_npy) if os.path.exists(path)]
     if existing and not args.force:
         raise UserError(
             f"refusing to overwrite {', '.join(existing)}. Pass --force to overwrite, "
             "or choose another --out_dir."
         )
-    os.makedirs(args.out_dir, exist_ok=True)
+    stale_npy = [path for path in planned_outputs(args.out_dir, True)
+                 if path.endswith(".npy") and os.path.exists(path)]
+    make_writable_dir(args.out_dir, "--out_dir")
 
-    splits = (("train", args.train_size, args.seed), ("valid", args.val_size, args.seed + 1))
+    splits = (("train", args.train_size, 0), ("valid", args.val_size, 1))
     steps_per_split = len(STAGES) + 1 + (0 if args.no_npy else 1)
     with tqdm(total=len(splits) * steps_per_split, desc="generating", file=sys.stderr, unit="stage") as bar:
-        def progress(stage):
-            bar.set_postfix_str(f"{split} {side}^3: {stage}")
-            bar.update(1)
-
-        for split, side, seed in splits:
-            nbody, hydro = generate_box(side, seed, progress=progress, **physics)
+        for split, side, stream in splits:
+            progress = functools.partial(advance, bar, f"{split} {side}^3")
+            nbody, hydro = generate_box(side, [args.seed, stream], progress=progress, **physics)
             path = os.path.join(args.out_dir, OUTPUT_NAMES[split])
-            attrs = file_attributes(split, side, seed, physics, nbody, hydro)
+            attrs = file_attributes(split, side, args.seed, physics, nbody, hydro)
             write_h5(path, nbody, hydro, attrs)
-            del nbody, hydro  # free the box before the next one is generated
+            del nbody, hydro  # free this box before the next one is generated
             progress("written")
             if not args.no_npy:
                 convert(path, force=args.force)
                 progress("npy copies")
             warn_if_clipping(path, attrs)
 
-    for split in OUTPUT_NAMES.values():
-        print(os.path.join(args.out_dir, split))
+    if args.no_npy and stale_npy:
+        print(f"note: left {', '.join(stale_npy)} untouched; they were made from the previous files "
+              "and no longer match them.", file=sys.stderr)
+    for name in OUTPUT_NAMES.values():
+        print(os.path.join(args.out_dir, name))
 
 
 def warn_if_clipping(path, attrs):

@@ -28,16 +28,17 @@ def render_preview(sample, title=""):
     fig, axes = plt.subplots(1, len(PANELS), figsize=(3.2 * len(PANELS), 3.4), dpi=80)
     for ax, (name, source, channel) in zip(axes, PANELS):
         field = sample[source][channel, middle]
-        # Truth and prediction of a field share the truth's colour range.
+        # Truth and prediction of a field share the truth's colour range; percentiles, so that one
+        # nearly empty voxel of a void does not wash out the rest.
         reference = sample["target" if source != "input" else "input"][channel, middle]
-        ax.imshow(field, cmap="inferno" if channel == 0 else "viridis",
-                  vmin=float(reference.min()), vmax=float(reference.max()), origin="lower")
+        low, high = np.percentile(reference, [1, 99])
+        ax.imshow(field, cmap="inferno" if channel == 0 else "viridis", vmin=low, vmax=high, origin="lower")
         ax.set_title(name, fontsize=10)
         ax.set_xticks([])
         ax.set_yticks([])
     if title:
         fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.93))  # leave room for the title above the panels
     fig.canvas.draw()
     image = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
     plt.close(fig)

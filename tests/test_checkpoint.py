@@ -1,0 +1,62 @@
+"""Checkpoints: complete or absent, never half written; restored with weights_only; models unwrapped."""
+import os
+
+import pytest
+import torch
+
+from utils.YParams import YParams
+from utils.checkpoint import load_checkpoint, save_checkpoint, unwrap
+
+
+def make_states(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    return model, optimizer, torch.amp.GradScaler("cpu", enabled=False)
+
+
+def test_round_trip_restores_weights_optimizer_position_and_rng(tmp_path):
+    params = YParams("config/UNet.yaml", "test")
+    model, optimizer, scaler = make_states(0)
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, model, optimizer, scaler, {"epoch": 2, "step": 8, "batch_in_epoch": 0}, params)
+    expected_draw = torch.rand(3)
+
+    other_model, other_optimizer, other_scaler = make_states(1)
+    position = load_checkpoint(path, other_model, other_optimizer, other_scaler)
+    assert position == {"epoch": 2, "step": 8, "batch_in_epoch": 0}
+    torch.testing.assert_close(other_model.state_dict(), model.state_dict())
+    torch.testing.assert_close(other_optimizer.state_dict()["state"], optimizer.state_dict()["state"])
+    assert torch.equal(torch.rand(3), expected_draw)  # the RNG continues where the saved run was
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
+    params = YParams("config/UNet.yaml", "test")
+    model, optimizer, scaler = make_states(0)
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, model, optimizer, scaler, {"epoch": 1, "step": 4, "batch_in_epoch": 0}, params)
+    before = path.read_bytes()
+
+    def interrupted_save(obj, f):
+        f.write(b"half a checkpoint")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", interrupted_save)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, model, optimizer, scaler, {"epoch": 2, "step": 8, "batch_in_epoch": 0}, params)
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["checkpoint.pt"]  # no temporary file left behind
+
+
+def test_unwrap_removes_ddp_and_compile_wrappers():
+    inner = torch.nn.Linear(2, 2)
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, name, module):
+            super().__init__()
+            setattr(self, name, module)
+
+    assert unwrap(Wrapper("module", Wrapper("_orig_mod", inner))) is inner
+    assert unwrap(inner) is inner
