@@ -242,11 +242,9 @@ def main(argv=None, make_step=None):
         losses = train_one_epoch(step_fn, train_loader, optimizer, schedule, position, device, stop)
         check_finite(losses, position, run_dir)  # waits for the device: the epoch's work is done
         elapsed = time.time() - start
-        if stop.received:
+        if stop.received:  # stopped in the middle of the epoch: save where it stands
             checkpoint()
-            logging.info("Stopped at step %d with a checkpoint in %s; continue with --resume.", position.step, run_dir)
-            shutdown(world)
-            sys.exit(128 + stop.received)
+            exit_on_signal(stop, position, run_dir, world)
 
         steps = position.step - first_step
         train_loss = all_reduce_mean(losses.mean(), world).item()
@@ -264,9 +262,7 @@ def main(argv=None, make_step=None):
         checkpoint()
         tensorboard.flush()
         if stop.received:
-            logging.info("Stopped after epoch %d with a checkpoint in %s; continue with --resume.", epoch + 1, run_dir)
-            shutdown(world)
-            sys.exit(128 + stop.received)
+            exit_on_signal(stop, position, run_dir, world)
 
     tensorboard.close()
     logging.info("Done. TensorBoard logs: %s (view with: tensorboard --logdir %s)",
@@ -274,6 +270,14 @@ def main(argv=None, make_step=None):
     if params.preview_image:
         logging.info("Preview image: %s", os.path.join(run_dir, "preview.png"))
     shutdown(world)
+
+
+def exit_on_signal(stop, position, run_dir, world):
+    """End the process after SIGTERM/SIGUSR1, with the conventional status 128 + signal number."""
+    logging.info("Stopped at step %d (epoch %d) with a checkpoint in %s; continue with --resume.",
+                 position.step, position.epoch + (position.batch_in_epoch > 0), run_dir)
+    shutdown(world)
+    sys.exit(128 + stop.received)
 
 
 def default_step(model, optimizer, loss_fn, precision, params):

@@ -1,0 +1,29 @@
+"""The Quick start's demo, as `make demo` runs it: it must really learn, and say where its results went."""
+import subprocess
+import sys
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import ROOT, run_train
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_halves_the_validation_loss(tmp_path):
+    # The generator's default data set (128^3 train, 64^3 validation), as `make demo` makes it.
+    subprocess.run([sys.executable, "-m", "utils.generate_data", "--out_dir", str(tmp_path / "data"), "--no_npy"],
+                   cwd=ROOT, check=True, capture_output=True)
+    result = run_train(["--config=demo", f"--train_path={tmp_path / 'data' / 'synthetic_train.h5'}",
+                        f"--val_path={tmp_path / 'data' / 'synthetic_valid.h5'}", f"--expdir={tmp_path / 'runs'}"])
+    run_dir = tmp_path / "runs" / "demo" / "1CPU" / "00"
+    assert f"TensorBoard logs: {run_dir / 'logs'}" in result.stdout
+    assert f"Preview image: {run_dir / 'preview.png'}" in result.stdout
+
+    events = EventAccumulator(str(run_dir / "logs"), size_guidance={"scalars": 0, "images": 0})
+    events.Reload()
+    assert {"Loss/train", "Loss/valid", "Learning Rate", "Avg iters per sec"} <= set(events.Tags()["scalars"])
+    assert events.Images("Preview")
+    valid = events.Scalars("Loss/valid")
+    assert valid[0].step == 0 and len(valid) == 5
+    assert valid[-1].value <= 0.5 * valid[0].value, [v.value for v in valid]
