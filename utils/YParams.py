@@ -28,15 +28,22 @@ RUN_OPTIONS = {
 }
 
 CHOICES = {
-    "data_loader_config": ("synthetic", "inmem", "lowmem"),
+    "data_loader_config": ("synthetic", "inmem", "lowmem", "gpu-inmem", "dali-lowmem"),
+    "gpu_inmem_dtype": ("float32", "bfloat16", "float16"),
     "augment": ("full", "rotations", "none"),
     "lr_scaling": ("none", "sqrt", "linear"),
     "amp_mode": ("none", "bf16", "fp16"),
+    "jit_mode": ("none", "script", "compile"),
+    "compile_mode": ("default", "reduce-overhead", "max-autotune"),
+    "profiler": ("none", "torch"),
+    "parallel": ("ddp", "fsdp"),
+    "ddp_comm_hook": ("none", "fp16", "bf16"),
     "device": ("auto", "cuda", "cpu"),
 }
 POSITIVE_INTS = ("crop_size", "Nsamples", "Nsamples_val", "num_epochs", "global_batch_size",
-                 "base_batch_size", "base_channels", "bucket_cap_mb")
-NON_NEGATIVE = ("num_data_workers", "warmup_steps", "start_lr", "end_lr", "lambda_rho")
+                 "base_batch_size", "base_channels", "bucket_cap_mb", "profile_start_epoch", "profile_steps",
+                 "memory_snapshot_steps", "dist_timeout_s")
+NON_NEGATIVE = ("num_data_workers", "warmup_steps", "start_lr", "end_lr", "lambda_rho", "graph_warmup_steps")
 
 
 def closest(name, valid):

@@ -14,7 +14,11 @@ def get_data_loader_distributed(params, world_rank, device_id=None):
     ``device_id`` is the training device (a ``torch.device`` or a CUDA index); on a GPU the native
     loaders pin their batches so that the copy to the device can overlap with compute.
     """
-    world_size = params.get("world_size", 1)
+    world_size = params.get("world_size")
+    if world_size is None:  # called without train.py, which records it: ask the process group
+        import torch.distributed as dist
+
+        world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     kind = params.data_loader_config
     if kind in NATIVE_LOADERS:
         from utils.data_loader import get_data_loaders
