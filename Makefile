@@ -1,6 +1,7 @@
-# make demo   set up, make the synthetic data set if missing, train the demo config (GPU if present)
-# make test   set up and run the test suite (what CI runs)
-# make data   only the synthetic data set;  make clean   remove the environment, data and runs
+# make demo        set up, make the synthetic data set if missing, train the demo config (GPU if present)
+# make test        set up and run the whole test suite (what CI runs), the Slurm tests included
+# make test-slurm  only the tests that submit submit_pm.sh to a real single-node Slurm (run as root)
+# make data        only the synthetic data set;  make clean   remove the environment, data and runs
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,13 +10,16 @@ PY := $(VENV)/bin/python
 RUN_NUM ?= $(shell date +%Y%m%d-%H%M%S)
 DATA := data/synthetic_train.h5 data/synthetic_valid.h5
 
-.PHONY: demo test data clean
+.PHONY: demo test test-slurm data clean
 
 demo: $(VENV)/.installed $(DATA)
 	$(PY) train.py --config=demo --run_num=$(RUN_NUM) $(ARGS)
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-slurm: $(VENV)/.installed-test
+	$(PY) -m pytest tests/test_slurm.py $(PYTEST_ARGS)
 
 data: $(DATA)
 
