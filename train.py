@@ -27,7 +27,7 @@ from utils.distributed import all_reduce_mean, init_process_group, parallelize, 
 from utils.errors import UserError, exit_on_user_error
 from utils.logging_utils import TensorBoard, config_logger, log_to_file
 from utils.losses import build_loss
-from utils.optim import Precision, build_optimizer, set_learning_rate
+from utils.optim import Precision, build_optimizer, configure_tf32, set_learning_rate
 from utils.preview import render_preview, save_png
 
 
@@ -51,6 +51,7 @@ def pick_device(params, world):
     device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
     torch.backends.cudnn.benchmark = True  # shapes never change: pick the fastest convolutions once
+    configure_tf32(params.tf32)
     return device
 
 
@@ -86,7 +87,24 @@ def prepare_run_dir(options, params, world, device):
 
 
 def build_model(params, device):
-    return UNet(params.N_in_channels, params.N_out_channels, params.base_channels, params.full_scale).to(device)
+    model = UNet(params.N_in_channels, params.N_out_channels, params.base_channels, params.full_scale)
+    return model.to(device, memory_format=memory_format(params))
+
+
+def memory_format(params):
+    """channels_last_3d stores each voxel's channels together, the layout fast 3-D convolutions want."""
+    return torch.channels_last_3d if params.channels_last else torch.contiguous_format
+
+
+def compile_model(model, params):
+    """torch.compile the (wrapped) model with ``jit_mode=compile``.
+
+    Compiling after the DDP wrapper lets the compiler split its graphs at DDP's gradient buckets,
+    so communication still overlaps with the backward pass.
+    """
+    if params.jit_mode != "compile":
+        return model
+    return torch.compile(model, mode=params.compile_mode)
 
 
 def resume(run_dir, model, optimizer, scaler):
@@ -118,45 +136,44 @@ def train_step(model, optimizer, loss_fn, precision, inputs, targets):
     return loss.detach()
 
 
-def train_one_epoch(step_fn, loader, optimizer, schedule, position, device, stop):
+def train_one_epoch(step_fn, loader, optimizer, schedule, position, move, stop):
     """Run the epoch's remaining batches; return their losses, still on the device.
 
-    Nothing here waits for the device: losses go into a device tensor that the caller reads once,
+    Nothing here waits for the device: the losses stay device tensors that the caller reads once,
     at the end of the epoch.
     """
-    losses = torch.zeros(len(loader), device=device)
-    done = 0
+    losses = []
     for inputs, targets in loader:
-        inputs = inputs.to(device, non_blocking=True)
-        targets = targets.to(device, non_blocking=True)
+        inputs, targets = move(inputs), move(targets)
         set_learning_rate(optimizer, schedule(position.step))
-        losses[done] = step_fn(inputs, targets)
-        done += 1
+        losses.append(step_fn(inputs, targets))
         position.step += 1
         position.batch_in_epoch += 1
         if stop.received:
             break
-    return losses[:done]
+    return torch.stack(losses)
+
+
+def to_device(tensor, device, memory_format):
+    # non_blocking: from pinned memory the copy overlaps with compute; a no-op for tensors already there.
+    return tensor.to(device, non_blocking=True, memory_format=memory_format)
 
 
 @torch.no_grad()
-def validate(model, loader, loss_fn, precision, device, world):
+def validate(model, loader, loss_fn, precision, move, world):
     """Mean validation loss over all ranks, and the first sample with its prediction (for the preview)."""
     model.eval()
-    total = torch.zeros((), device=device)
-    count = 0
-    sample = None
+    totals, count, sample = [], 0, None
     for inputs, targets in loader:
-        inputs = inputs.to(device, non_blocking=True)
-        targets = targets.to(device, non_blocking=True)
+        inputs, targets = move(inputs), move(targets)
         with precision.autocast():
             predictions = model(inputs)
-            total += loss_fn(predictions, targets).float() * len(inputs)
+            totals.append(loss_fn(predictions, targets).float() * len(inputs))
         count += len(inputs)
         if sample is None:
             sample = {"input": inputs[0], "target": targets[0], "prediction": predictions[0]}
     model.train()
-    mean = all_reduce_mean(total / count, world).item()  # waits for the device
+    mean = all_reduce_mean(torch.stack(totals).sum() / count, world).item()  # waits for the device
     return mean, {name: tensor.float().cpu().numpy() for name, tensor in sample.items()}
 
 
@@ -205,7 +222,8 @@ def main(argv=None, make_step=None):
     loss_fn = build_loss(params)
     logging.info("U-Net with %.1f M parameters", sum(p.numel() for p in model.parameters()) / 1e6)
     position = resume(run_dir, model, optimizer, precision.scaler) if options["resume"] else Position()
-    model = parallelize(model, params, world, device)
+    model = compile_model(parallelize(model, params, world, device), params)
+    move = functools.partial(to_device, device=device, memory_format=memory_format(params))
     step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
 
     steps_per_epoch = len(train_loader)
@@ -215,7 +233,7 @@ def main(argv=None, make_step=None):
 
     def validate_and_log():
         start = time.time()
-        val_loss, sample = validate(model, val_loader, loss_fn, precision, device, world)
+        val_loss, sample = validate(model, val_loader, loss_fn, precision, move, world)
         logging.info("  Avg val loss=%f", val_loss)
         logging.info("  Total validation time: %s sec", time.time() - start)
         tensorboard.scalar("Loss/valid", val_loss, position.step)
@@ -239,7 +257,7 @@ def main(argv=None, make_step=None):
         train_loader.sampler.set_epoch(epoch, start=position.batch_in_epoch * train_loader.batch_size)
         first_step = position.step
         start = time.time()
-        losses = train_one_epoch(step_fn, train_loader, optimizer, schedule, position, device, stop)
+        losses = train_one_epoch(step_fn, train_loader, optimizer, schedule, position, move, stop)
         check_finite(losses, position, run_dir)  # waits for the device: the epoch's work is done
         elapsed = time.time() - start
         if stop.received:  # stopped in the middle of the epoch: save where it stands

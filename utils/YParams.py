@@ -151,6 +151,8 @@ def load_params(argv):
                             f"'{params.config_name}' are listed in {params.yaml_filename}.")
         params[key] = coerce(key, value, params[key])
     validate(params)
+    if params.get("enable_jit") and params.get("jit_mode") == "none":
+        params["jit_mode"] = "script"  # the original's --enable_jit: a TorchScript-fused loss
     return options, params
 
 

@@ -17,6 +17,8 @@ import logging
 
 import torch
 
+from utils.errors import UserError
+
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -24,6 +26,8 @@ class Precision:
     def __init__(self, amp_mode, device):
         self.device_type = device.type
         self.dtype = AMP_DTYPES[amp_mode]
+        if self.dtype is not None:
+            check_autocast(device, self.dtype, amp_mode)
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp_mode == "fp16")
 
     def autocast(self):
@@ -32,19 +36,58 @@ class Precision:
         return torch.autocast(self.device_type, dtype=self.dtype)
 
 
-def build_optimizer(params, model):
-    """Adam, or with ``enable_apex`` a fused Adam: NVIDIA apex's when importable, else torch's."""
-    if params.enable_apex:
+def check_autocast(device, dtype, amp_mode):
+    """Refuse a precision that this device and torch build cannot autocast to, before training."""
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise UserError(f"--amp_mode=bf16 needs a GPU with bfloat16 support (Ampere or newer); "
+                        f"{torch.cuda.get_device_name(device)} has none. Use --amp_mode=fp16 or none.")
+    try:
+        with torch.autocast(device.type, dtype=dtype):
+            probe = torch.nn.functional.conv3d(torch.ones(1, 1, 2, 2, 2, device=device),
+                                               torch.ones(1, 1, 1, 1, 1, device=device))
+        ok = probe.dtype == dtype
+    except (RuntimeError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise UserError(f"--amp_mode={amp_mode}: this PyTorch ({torch.__version__}) cannot autocast to "
+                        f"{dtype} on {device.type}. Use --amp_mode=bf16 or none, or a newer PyTorch.")
+
+
+def configure_tf32(enabled):
+    """TensorFloat-32 for float32 matmuls and convolutions on Ampere and newer GPUs.
+
+    TF32 keeps fp32's range with a 10-bit mantissa: several times the fp32 throughput for this
+    model at no visible loss in accuracy. ``NVIDIA_TF32_OVERRIDE=0`` in the environment disables it
+    below PyTorch, whatever this says.
+    """
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+def build_optimizer(params, model, capturable=False):
+    """Adam; fused with ``enable_fused`` or ``enable_apex`` (NVIDIA apex's FusedAdam when importable).
+
+    ``capturable`` (for CUDA graphs) keeps the learning rate and step counts in device tensors, so
+    that a captured optimiser step reads the current values on every replay.
+    """
+    if params.enable_apex and not capturable:
         try:
             from apex.optimizers import FusedAdam
         except ImportError:
             logging.info("NVIDIA apex is not importable: --enable_apex uses torch.optim.Adam(fused=True).")
         else:
             return FusedAdam(model.parameters(), lr=params.start_lr, adam_w_mode=False)
-        return torch.optim.Adam(model.parameters(), lr=params.start_lr, fused=True)
-    return torch.optim.Adam(model.parameters(), lr=params.start_lr)
+    fused = {"fused": True} if params.enable_apex or params.enable_fused or capturable else {}
+    if capturable:
+        device = next(model.parameters()).device
+        return torch.optim.Adam(model.parameters(), lr=torch.tensor(params.start_lr, device=device),
+                                capturable=True, **fused)
+    return torch.optim.Adam(model.parameters(), lr=params.start_lr, **fused)
 
 
 def set_learning_rate(optimizer, lr):
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)  # in place: a captured graph keeps reading this tensor
+        else:
+            group["lr"] = lr
