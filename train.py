@@ -190,11 +190,12 @@ def check_finite(losses, position, run_dir):
 # ----------------------------------------------------------------------------- the run
 
 @exit_on_user_error
-def main(argv=None, make_step=None):
+def main(argv=None, make_step=None, graph_capture=False):
     """Set everything up, then train: ``num_epochs`` of (train, validate, log, checkpoint).
 
     ``make_step(model, optimizer, loss_fn, precision, params)`` returns the function that trains on
-    one batch; train_graph.py passes one that replays a captured CUDA graph.
+    one batch; train_graph.py passes one that replays a captured CUDA graph, with ``graph_capture``
+    asking for an optimiser and autocast that can be captured.
     """
     options, params = load_params(sys.argv[1:] if argv is None else argv)
     world = read_world()
@@ -217,8 +218,8 @@ def main(argv=None, make_step=None):
 
     # Model, optimiser, precision and loss, resolved once so that the loop has no branches for them.
     model = build_model(params, device)
-    optimizer = build_optimizer(params, model)
-    precision = Precision(params.amp_mode, device)
+    optimizer = build_optimizer(params, model, capturable=graph_capture)
+    precision = Precision(params.amp_mode, device, cache=not graph_capture)
     loss_fn = build_loss(params)
     logging.info("U-Net with %.1f M parameters", sum(p.numel() for p in model.parameters()) / 1e6)
     position = resume(run_dir, model, optimizer, precision.scaler) if options["resume"] else Position()

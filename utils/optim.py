@@ -23,9 +23,15 @@ AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class Precision:
-    def __init__(self, amp_mode, device):
+    """An autocast context and a gradient scaler for ``amp_mode``.
+
+    ``cache=False`` turns off autocast's cache of down-cast weights, as CUDA graph capture needs.
+    """
+
+    def __init__(self, amp_mode, device, cache=True):
         self.device_type = device.type
         self.dtype = AMP_DTYPES[amp_mode]
+        self.cache = cache
         if self.dtype is not None:
             check_autocast(device, self.dtype, amp_mode)
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp_mode == "fp16")
@@ -33,7 +39,7 @@ class Precision:
     def autocast(self):
         if self.dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device_type, dtype=self.dtype)
+        return torch.autocast(self.device_type, dtype=self.dtype, cache_enabled=self.cache)
 
 
 def check_autocast(device, dtype, amp_mode):
