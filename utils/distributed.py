@@ -1,9 +1,28 @@
-"""Process-group set-up and the data-parallel wrapper: the only module that touches torch.distributed set-up.
+"""Process-group set-up and data parallelism: the only module that touches torch.distributed set-up.
 
 One process per device. The launcher sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``
 and ``MASTER_PORT`` (torchrun does; under Slurm ``export_DDP_vars.sh`` maps them from ``SLURM_*``).
 Without them the run is a single process and nothing here does anything.
+
+Two ways to train on several ranks, chosen with ``--parallel``:
+
+* ``ddp`` (the original tutorial's): every rank holds the whole model, gradients are averaged with
+  all-reduce while the backward pass runs. Knobs: ``bucket_cap_mb``, ``disable_broadcast_buffers``,
+  ``static_graph``, ``ddp_comm_hook`` (fp16/bf16 gradients on the wire) and ``noddp`` (no gradient
+  communication at all, to measure the compute part of a step).
+* ``fsdp``: torch's ``fully_shard``. Every rank keeps only its shard of the parameters, gradients
+  and optimiser state, and gathers a block's full weights just before using them. Per-rank memory
+  for the model and optimiser drops to about 1/N of DDP's; :func:`memory_report` shows it.
+
+A rank that dies or hangs must not leave the others waiting forever: every collective gives up
+after ``dist_timeout_s``, and :func:`exit_on_lost_rank` turns the resulting error into one paragraph
+that names the likely cause. On CUDA the NCCL watchdog enforces the timeout (see
+:func:`init_process_group`).
 """
+import datetime
+import functools
+import inspect
+import logging
 import os
 from dataclasses import dataclass
 
@@ -12,6 +31,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from utils.errors import UserError
+
+try:  # public since torch 2.5; torch 2.4 kept DTensor in a private module
+    from torch.distributed.tensor import DTensor, distribute_tensor
+except ImportError:  # pragma: no cover - depends on the installed torch
+    try:
+        from torch.distributed._tensor import DTensor, distribute_tensor
+    except ImportError:
+        DTensor, distribute_tensor = None, None
 
 
 @dataclass(frozen=True)
@@ -25,6 +52,14 @@ class World:
         return self.rank == 0
 
 
+class LostRankError(UserError):
+    """Another rank died or stopped answering; this one gives up instead of waiting forever."""
+
+
+# The timeout in force, for the message of exit_on_lost_rank (set by init_process_group).
+_timeout_s = None
+
+
 def read_world():
     """This process's place in the job, from the launcher's environment variables."""
     try:
@@ -35,8 +70,53 @@ def read_world():
                         "under Slurm, by export_DDP_vars.sh.") from None
 
 
-def init_process_group(world, device):
-    """Join the other ranks: NCCL between GPUs, gloo between CPU processes."""
+def check_parallel_options(params, world):
+    """Refuse combinations of the distributed options that cannot work, before any rank trains.
+
+    Called on every rank with the same options, so every rank refuses the same way.
+    """
+    if params.parallel == "fsdp" and params.noddp:
+        raise UserError("--parallel=fsdp cannot be combined with --noddp: FSDP needs communication to "
+                        "gather each block's sharded weights, so there is no FSDP run without it. Use "
+                        "--noddp with --parallel=ddp to measure the compute alone, or drop --noddp.")
+    if params.ddp_comm_hook != "none" and params.parallel == "fsdp":
+        raise UserError(f"--ddp_comm_hook={params.ddp_comm_hook} compresses DDP's gradient all-reduce, "
+                        "and --parallel=fsdp does not use DDP. Drop --ddp_comm_hook (or set it to none), "
+                        "or train with --parallel=ddp.")
+    if params.ddp_comm_hook != "none" and params.noddp:
+        raise UserError(f"--ddp_comm_hook={params.ddp_comm_hook} compresses the gradients that DDP sends, "
+                        "and --noddp sends none. Drop one of the two options.")
+    if params.parallel == "fsdp" and world.size > 1 and import_fully_shard() is None:
+        raise UserError(f"--parallel=fsdp needs torch.distributed's fully_shard, which this PyTorch "
+                        f"({torch.__version__}) does not provide. Install PyTorch 2.4 or newer, or train "
+                        "with --parallel=ddp.")
+
+
+def import_fully_shard():
+    """torch's ``fully_shard`` (FSDP2), or None: public since torch 2.6, private in 2.4 and 2.5."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        try:
+            from torch.distributed._composable.fsdp import fully_shard
+        except ImportError:
+            return None
+    return fully_shard
+
+
+def init_process_group(world, device, params):
+    """Join the other ranks: NCCL between GPUs, gloo between CPU processes.
+
+    ``params.dist_timeout_s`` bounds every wait for the other ranks, the rendezvous included, so
+    that a dead or stuck rank makes the others stop instead of hanging until the batch system's
+    time limit. gloo raises the timeout in the waiting call, which :func:`exit_on_lost_rank` turns
+    into a message. NCCL collectives run asynchronously on the GPU, so there a watchdog thread
+    enforces the timeout: with ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` at its default (3 in torch
+    >= 2.2: tear the process down) it logs "Watchdog caught collective operation timeout" and ends
+    the process. ``TORCH_NCCL_BLOCKING_WAIT=1`` would raise the timeout in Python instead, but
+    makes the CPU wait for every collective, a host sync in the hot loop, so it is left to users.
+    """
+    global _timeout_s
     if world.size == 1:
         return
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
@@ -44,26 +124,269 @@ def init_process_group(world, device):
         raise UserError(f"WORLD_SIZE={world.size} but {' and '.join(missing)} is not set, so the ranks "
                         "cannot find each other. Launch with torchrun, or under Slurm source "
                         "export_DDP_vars.sh and set MASTER_ADDR to the first node of the allocation.")
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=world.rank,
-                            world_size=world.size)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl" and os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING") in ("0", "2"):
+        logging.warning("TORCH_NCCL_ASYNC_ERROR_HANDLING=%s: a rank whose partner died will not be "
+                        "stopped by --dist_timeout_s. Unset it (or set 1 or 3) to make timeouts end "
+                        "the run.", os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"])
+    _timeout_s = params.dist_timeout_s
+    address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    try:
+        dist.init_process_group(backend, rank=world.rank, world_size=world.size,
+                                timeout=datetime.timedelta(seconds=params.dist_timeout_s))
+    except dist.DistError as error:
+        detail = first_line(error)
+        if "EADDRINUSE" in detail or "address already in use" in detail.lower():
+            raise UserError(f"Rank 0 cannot listen on MASTER_PORT={os.environ['MASTER_PORT']}: another "
+                            "program (perhaps an earlier run that is still alive) uses that port. Choose "
+                            "another port, e.g. torchrun --master_port=29501, or end the old run.") from None
+        raise UserError(f"Rank {world.rank} of {world.size} could not meet the other ranks at {address} "
+                        f"within dist_timeout_s={params.dist_timeout_s} s ({detail}). Check that every rank "
+                        "was started with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT, that "
+                        "MASTER_ADDR is the node running rank 0 and is reachable from this node, and "
+                        "that no rank failed before joining (see its output).") from None
 
+
+def first_line(error):
+    """The first non-empty line of an error's text: NCCL and gloo append long C++ traces."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+# Phrases of the errors gloo and NCCL raise when a peer is gone or silent. Not every torch
+# version raises a DistError subclass for them, so the text is the reliable part.
+LOST_RANK_PHRASES = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out",
+                     "timeout", "socket closed", "connection refused", "nccl communicator was aborted",
+                     "ncclremoteerror", "watchdog caught collective operation timeout")
+
+
+def is_lost_rank_error(error):
+    """Whether ``error`` says that another rank died or stopped answering in a collective."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return False  # no process group: there is no other rank to lose
+    if isinstance(error, dist.DistError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(phrase in text for phrase in LOST_RANK_PHRASES)
+
+
+def exit_on_lost_rank(main):
+    """Decorate an entry point so that losing another rank ends it with one clear paragraph.
+
+    Place it inside :func:`utils.errors.exit_on_user_error`, which prints the paragraph and exits
+    with status 2. The process group is not destroyed on the way out: after a failed collective
+    that could wait on the very peer that is gone.
+    """
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except (RuntimeError, dist.DistError) as error:
+            if not is_lost_rank_error(error):
+                raise
+            rank, size = dist.get_rank(), dist.get_world_size()
+            raise LostRankError(
+                f"Rank {rank} of {size} stopped because a collective operation with the other ranks "
+                f"failed ({first_line(error)}). The most likely cause is that another rank died (a "
+                "crash, running out of memory, or killed by the batch system) or stopped answering; "
+                "look for the first error in the other ranks' output. A rank waits at most "
+                f"dist_timeout_s={_timeout_s} s for the others: raise --dist_timeout_s only if a step "
+                "legitimately takes longer on some rank (e.g. a slow first validation or checkpoint). "
+                "Continue the run with --resume from its last checkpoint.") from None
+
+    return wrapper
+
+
+# ----------------------------------------------------------------------------- wrapping the model
 
 def parallelize(model, params, world, device):
-    """Wrap the model for data-parallel training (DDP), unless there is one rank or ``noddp``.
+    """The model, ready for data-parallel training: DDP, FSDP, or unchanged (one rank, ``noddp``).
 
-    ``noddp`` leaves every rank training on its own: no gradient communication at all, which
-    measures the compute part of a multi-GPU step.
+    With ``--parallel=fsdp`` call this BEFORE creating the optimiser: ``fully_shard`` replaces
+    every parameter with its shard, and an optimiser made earlier would update the old tensors.
+    DDP keeps the parameters, so for DDP the order does not matter.
     """
-    if world.size == 1 or params.noddp:
+    if world.size == 1:
         return model
-    # Newer torch deprecates the broadcast_buffers argument (with a warning), so pass it only to change it.
-    buffers = {"broadcast_buffers": False} if params.disable_broadcast_buffers else {}
-    return DistributedDataParallel(
-        model,
-        device_ids=[device.index] if device.type == "cuda" else None,
-        bucket_cap_mb=params.bucket_cap_mb,
-        **buffers,
-    )
+    if params.parallel == "fsdp":
+        return shard_model(model, world, device)
+    if params.noddp:
+        # Every rank trains on its own: no gradient communication at all. This measures the
+        # compute part of a multi-GPU step; the ranks' weights drift apart.
+        return model
+    return wrap_ddp(model, params, device)
+
+
+def wrap_ddp(model, params, device):
+    """DDP with the tutorial's knobs; each one trades something for speed (see the config)."""
+    options = {
+        "device_ids": [device.index] if device.type == "cuda" else None,
+        "bucket_cap_mb": params.bucket_cap_mb,
+        # Parameters whose order of use never changes let DDP plan its buckets once.
+        "static_graph": params.static_graph,
+    }
+    if params.disable_broadcast_buffers:
+        # Skip the broadcast of buffers from rank 0 before every forward (the U-Net has none), and let
+        # the gradients live inside DDP's communication buckets instead of in a second copy.
+        options["gradient_as_bucket_view"] = True
+        # Newer torch renames the buffer option and warns about the old name; torch 2.4 knows only
+        # the old one. Either way the buffers are still made equal once, when DDP starts.
+        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
+            options["forward_sync_buffers"] = False
+        else:
+            options["broadcast_buffers"] = False
+    model = DistributedDataParallel(model, **options)
+    if params.ddp_comm_hook != "none":
+        # torch's built-in hooks cast each gradient bucket to 16 bits (after dividing by the world
+        # size, so fp16 does not overflow), all-reduce it and cast back: half the bytes on the wire.
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        hook = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+        model.register_comm_hook(state=None, hook=hook[params.ddp_comm_hook])
+    return model
+
+
+def shard_model(model, world, device):
+    """Shard the U-Net with ``fully_shard``: one communication group per block, then the root.
+
+    Order matters. Each ``fully_shard(block)`` makes that block a unit whose full weights are
+    gathered just before its forward (and again for its backward) and freed right after, so only
+    one block is ever unsharded at a time. The root goes last: it collects the parameters no block
+    owns (the final transposed convolution) and drives the whole schedule. Sharding the root first
+    would put every parameter into one unit, gathered all at once: no memory saved.
+    """
+    fully_shard = import_fully_shard()
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh(device.type, (world.size,))
+    for block in (*model.down, *model.up):
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+# ----------------------------------------------------------------------------- state for checkpoints
+
+def local_tensor(tensor):
+    """The part of ``tensor`` that this rank holds: its shard for FSDP, the tensor otherwise."""
+    return tensor.to_local() if DTensor is not None and isinstance(tensor, DTensor) else tensor
+
+
+def full_tensor(tensor):
+    """The whole of a possibly sharded tensor; a collective for FSDP shards (every rank must call)."""
+    return tensor.full_tensor() if DTensor is not None and isinstance(tensor, DTensor) else tensor
+
+
+def bare_model(model):
+    """The model inside DDP and torch.compile wrappers (FSDP changes the model in place)."""
+    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
+        model = getattr(model, "module", None) or model._orig_mod
+    return model
+
+
+def full_state_dicts(model, optimizer):
+    """Model and optimiser states as full tensors on the CPU, whatever the parallelism.
+
+    The result has the layout of the bare model's ``state_dict()`` and ``optimizer.state_dict()``,
+    so a checkpoint written from an FSDP run can be resumed with DDP or on one device, and the other
+    way round. Under FSDP this gathers every shard: call it on EVERY rank (in the same order), then
+    let rank 0 write the file.
+    """
+    model_state = {name: full_tensor(value).detach().cpu() for name, value in bare_model(model).state_dict().items()}
+    optimizer_state = optimizer.state_dict()
+    optimizer_state["state"] = {
+        index: {key: full_tensor(value).cpu() if torch.is_tensor(value) else value for key, value in state.items()}
+        for index, state in sorted(optimizer_state["state"].items())}
+    return model_state, optimizer_state
+
+
+def load_full_state_dicts(model, optimizer, model_state, optimizer_state):
+    """Load states made by :func:`full_state_dicts` (or on one device), sharding them for FSDP.
+
+    Call after :func:`parallelize` and after creating the optimiser. For a model that is not
+    sharded this is the plain ``load_state_dict`` of both.
+    """
+    model = bare_model(model)
+    own = model.state_dict()
+    if not any(DTensor is not None and isinstance(value, DTensor) for value in own.values()):
+        model.load_state_dict(model_state)
+        optimizer.load_state_dict(optimizer_state)
+        return
+    missing, unexpected = own.keys() - model_state.keys(), model_state.keys() - own.keys()
+    if missing or unexpected:
+        raise RuntimeError(f"state_dict keys differ: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+    with torch.no_grad():
+        for name, value in own.items():
+            local_tensor(value).copy_(local_tensor(shard_like(model_state[name], value)))
+    # Optimiser state is indexed by parameter position; each state tensor shaped like its
+    # parameter is sharded the same way (Adam's step count stays a plain scalar).
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    sharded = dict(optimizer_state)
+    sharded["state"] = {
+        index: {key: shard_like(value, parameters[int(index)])
+                if torch.is_tensor(value) and value.shape == parameters[int(index)].shape else value
+                for key, value in state.items()}
+        for index, state in optimizer_state["state"].items()}
+    optimizer.load_state_dict(sharded)
+
+
+def shard_like(full, reference):
+    """``full`` distributed over the ranks as ``reference`` (a DTensor) is; unchanged otherwise."""
+    if DTensor is None or not isinstance(reference, DTensor):
+        return full
+    if full.shape != reference.shape:
+        raise RuntimeError(f"size mismatch: checkpoint {tuple(full.shape)}, model {tuple(reference.shape)}")
+    local = full.to(device=reference.device, dtype=reference.dtype)
+    return distribute_tensor(local, reference.device_mesh, reference.placements)
+
+
+# ----------------------------------------------------------------------------- measuring and agreeing
+
+def memory_report(model, optimizer):
+    """Bytes that THIS rank holds for parameters, gradients and optimiser state (plus CUDA peak).
+
+    Shows what sharding saves: DDP holds the full tensors on every rank, FSDP only its shard of
+    each (a DTensor's local part). Call it after at least one optimiser step, when Adam's state
+    exists and gradients are still there. Reading sizes needs no device sync. DDP also keeps a
+    gradient-sized set of communication buckets (shared with the gradients under
+    ``gradient_as_bucket_view``) that only the CUDA peak shows.
+    """
+    def nbytes(tensor):
+        tensor = local_tensor(tensor)
+        return tensor.numel() * tensor.element_size()
+
+    parameters = list(model.parameters())
+    report = {
+        "parameters": sum(nbytes(p) for p in parameters),
+        "gradients": sum(nbytes(p.grad) for p in parameters if p.grad is not None),
+        "optimizer_state": sum(nbytes(value) for state in optimizer.state.values()
+                               for value in state.values() if torch.is_tensor(value)),
+    }
+    report["model_total"] = sum(report.values())
+    device = parameters[0].device if parameters else torch.device("cpu")
+    if device.type == "cuda":
+        report["peak_allocated"] = torch.cuda.max_memory_allocated(device)
+    return {key: float(value) for key, value in report.items()}
+
+
+def describe_memory(report):
+    """One log line for :func:`memory_report`, in MiB."""
+    names = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state",
+             "model_total": "together", "peak_allocated": "CUDA peak allocated"}
+    return ", ".join(f"{names.get(key, key)} {value / 2**20:.1f} MiB" for key, value in report.items())
+
+
+def agree_to_stop(local_flag, world, device):
+    """True on every rank if any rank wants to stop, so that all stop after the same step.
+
+    A stop signal reaches the ranks at slightly different moments; a rank that stopped alone would
+    leave the others waiting in their next collective. One all-reduce (MAX) of a single number,
+    and one host sync to read it: call it every few steps, not every step.
+    """
+    if world.size == 1:
+        return bool(local_flag)
+    flag = torch.tensor([1 if local_flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())  # waits for the device and the other ranks
 
 
 def all_reduce_mean(tensor, world):
