@@ -12,6 +12,7 @@ logs/ (TensorBoard). The same code runs on CPU and on CUDA: the device is chosen
 import functools
 import logging
 import os
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -23,7 +24,9 @@ from networks.UNet import UNet
 from utils import get_data_loader_distributed, lr_schedule
 from utils.YParams import load_params
 from utils.checkpoint import CHECKPOINT_NAME, StopSignals, load_checkpoint, save_checkpoint
-from utils.distributed import all_reduce_mean, init_process_group, parallelize, read_world, shutdown
+from utils.distributed import (agree_to_stop, all_reduce_mean, check_parallel_options, describe_memory,
+                               exit_on_lost_rank, init_process_group, memory_report, parallelize, read_world,
+                               shutdown)
 from utils.errors import UserError, exit_on_user_error
 from utils.logging_utils import TensorBoard, config_logger, log_to_file
 from utils.losses import build_loss
@@ -78,7 +81,9 @@ def prepare_run_dir(options, params, world, device):
     """The run directory; refuses to reuse one that holds a run unless --resume."""
     kind = "GPU" if device.type == "cuda" else "CPU"
     run_dir = os.path.join(params.expdir, options["config"], f"{world.size}{kind}", options["run_num"])
-    if os.path.isdir(run_dir) and os.listdir(run_dir) and not options["resume"]:
+    taken = os.path.isdir(run_dir) and bool(os.listdir(run_dir)) and not options["resume"]
+    # Every rank looks before rank 0 creates anything, and all ranks agree on the answer.
+    if agree_to_stop(taken, world, device):
         raise UserError(f"The run directory {run_dir} already holds a run. Pass --resume to continue it, "
                         f"or a new --run_num (e.g. --run_num={options['run_num']}b) to start another.")
     if world.is_main:
@@ -125,6 +130,9 @@ def resume(run_dir, model, optimizer, scaler):
 
 # ----------------------------------------------------------------------------- one step, one epoch
 
+STOP_CHECK_STEPS = 10  # how often the ranks agree whether a stop signal arrived (one tiny all-reduce)
+
+
 def train_step(model, optimizer, loss_fn, precision, inputs, targets):
     """Forward, loss, backward and optimiser update for one batch; returns the loss (on the device)."""
     with precision.autocast():
@@ -149,7 +157,7 @@ def train_one_epoch(step_fn, loader, optimizer, schedule, position, move, stop):
         losses.append(step_fn(inputs, targets))
         position.step += 1
         position.batch_in_epoch += 1
-        if stop.received:
+        if position.step % STOP_CHECK_STEPS == 0 and stop.agreed():
             break
     return torch.stack(losses)
 
@@ -190,6 +198,7 @@ def check_finite(losses, position, run_dir):
 # ----------------------------------------------------------------------------- the run
 
 @exit_on_user_error
+@exit_on_lost_rank
 def main(argv=None, make_step=None, graph_capture=False):
     """Set everything up, then train: ``num_epochs`` of (train, validate, log, checkpoint).
 
@@ -200,8 +209,9 @@ def main(argv=None, make_step=None, graph_capture=False):
     options, params = load_params(sys.argv[1:] if argv is None else argv)
     world = read_world()
     check_sizes(options, params, world)
+    check_parallel_options(params, world, graph_capture)
     device = pick_device(params, world)
-    init_process_group(world, device)
+    init_process_group(world, device, params)
     config_logger(world.is_main)
     torch.manual_seed(params.seed)
 
@@ -217,20 +227,23 @@ def main(argv=None, make_step=None, graph_capture=False):
                  params.global_batch_size // world.size, run_dir)
 
     # Model, optimiser, precision and loss, resolved once so that the loop has no branches for them.
+    # Order: the parallel wrapper first (FSDP replaces the parameters the optimiser must hold), then
+    # the optimiser, then the checkpoint's states, and compilation last, around everything.
     model = build_model(params, device)
+    logging.info("U-Net with %.1f M parameters", sum(p.numel() for p in model.parameters()) / 1e6)
+    model = parallelize(model, params, world, device)
     optimizer = build_optimizer(params, model, capturable=graph_capture)
     precision = Precision(params.amp_mode, device, cache=not graph_capture)
     loss_fn = build_loss(params)
-    logging.info("U-Net with %.1f M parameters", sum(p.numel() for p in model.parameters()) / 1e6)
     position = resume(run_dir, model, optimizer, precision.scaler) if options["resume"] else Position()
-    model = compile_model(parallelize(model, params, world, device), params)
+    model = compile_model(model, params)
     move = functools.partial(to_device, device=device, memory_format=memory_format(params))
     step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
 
     steps_per_epoch = len(train_loader)
     schedule = functools.partial(lr_schedule, total_steps=params.num_epochs * steps_per_epoch, params=params)
     tensorboard = TensorBoard(os.path.join(run_dir, "logs"), enabled=world.is_main)
-    stop = StopSignals()
+    stop = StopSignals(world, device)
 
     def validate_and_log():
         start = time.time()
@@ -244,16 +257,17 @@ def main(argv=None, make_step=None, graph_capture=False):
             tensorboard.image("Preview", image, position.step)
         return val_loss
 
-    def checkpoint():
-        if params.checkpoint and world.is_main:
+    def checkpoint():  # on every rank: under FSDP all ranks take part in gathering the weights
+        if params.checkpoint:
             save_checkpoint(os.path.join(run_dir, CHECKPOINT_NAME), model, optimizer, precision.scaler,
-                            asdict(position), params)
+                            asdict(position), params, world)
 
     if position.step == 0:
         logging.info("Validation before training (step 0)")
         validate_and_log()
         tensorboard.scalar("Learning Rate", schedule(0), 0)
 
+    first_epoch = position.epoch
     for epoch in range(position.epoch, params.num_epochs):
         train_loader.sampler.set_epoch(epoch, start=position.batch_in_epoch * train_loader.batch_size)
         first_step = position.step
@@ -261,7 +275,12 @@ def main(argv=None, make_step=None, graph_capture=False):
         losses = train_one_epoch(step_fn, train_loader, optimizer, schedule, position, move, stop)
         check_finite(losses, position, run_dir)  # waits for the device: the epoch's work is done
         elapsed = time.time() - start
-        if stop.received:  # stopped in the middle of the epoch: save where it stands
+        if epoch == first_epoch:  # what parameters, gradients and optimiser state cost each rank
+            memory = memory_report(model, optimizer)
+            logging.info("Memory per rank: %s", describe_memory(memory))
+            for key, value in memory.items():
+                tensorboard.scalar(f"Memory/{key}_MiB", value / 2**20, position.step)
+        if stop.agreed():  # stopped in the middle of the epoch: save where it stands
             checkpoint()
             exit_on_signal(stop, position, run_dir, world)
 
@@ -280,7 +299,7 @@ def main(argv=None, make_step=None, graph_capture=False):
         position.epoch, position.batch_in_epoch = epoch + 1, 0
         checkpoint()
         tensorboard.flush()
-        if stop.received:
+        if stop.agreed():
             exit_on_signal(stop, position, run_dir, world)
 
     tensorboard.close()

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from utils.YParams import YParams
-from utils.checkpoint import load_checkpoint, save_checkpoint, unwrap
+from utils.checkpoint import load_checkpoint, save_checkpoint
+from utils.distributed import bare_model
 
 
 def make_states(seed):
@@ -58,5 +59,5 @@ def test_unwrap_removes_ddp_and_compile_wrappers():
             super().__init__()
             setattr(self, name, module)
 
-    assert unwrap(Wrapper("module", Wrapper("_orig_mod", inner))) is inner
-    assert unwrap(inner) is inner
+    assert bare_model(Wrapper("module", Wrapper("_orig_mod", inner))) is inner
+    assert bare_model(inner) is inner

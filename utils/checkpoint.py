@@ -1,11 +1,13 @@
 """Checkpoints that survive interruption, and the signals that ask for one.
 
-A checkpoint holds everything needed to continue exactly: the unwrapped model's weights, the
+A checkpoint holds everything needed to continue exactly: the bare model's full weights, the
 optimiser and gradient-scaler states, the position (epoch, step, batches done in the epoch), the
 random-number-generator states and the resolved config. It is written to a temporary file in
 the same directory and renamed over the old one, so a run killed at any moment leaves either
 the previous checkpoint or the new one, never half of one. It is read back with
-``weights_only=True``: only tensors and plain containers, no arbitrary code.
+``weights_only=True``: only tensors and plain containers, no arbitrary code. The weights are
+stored as on one device, whatever the run's parallelism (under FSDP rank 0 gathers the shards),
+so a checkpoint moves freely between one device, DDP and FSDP.
 """
 import logging
 import os
@@ -13,22 +15,19 @@ import signal
 
 import torch
 
+from utils.distributed import World, agree_to_stop, full_state_dicts, load_full_state_dicts
+
 CHECKPOINT_NAME = "checkpoint.pt"
 
 
-def unwrap(model):
-    """The bare model inside DDP (``.module``) and torch.compile (``._orig_mod``) wrappers."""
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if inner is None:
-            return model
-        model = inner
-
-
-def save_checkpoint(path, model, optimizer, scaler, position, params):
+def save_checkpoint(path, model, optimizer, scaler, position, params, world=World()):
+    """Write the checkpoint from rank 0. Call it on every rank: under FSDP the shards are gathered."""
+    states = full_state_dicts(model, optimizer, world)
+    if states is None:  # not rank 0
+        return
     payload = {
-        "model": unwrap(model).state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "model": states[0],
+        "optimizer": states[1],
         "scaler": scaler.state_dict(),
         "position": dict(position),
         "rng": {
@@ -52,8 +51,7 @@ def save_checkpoint(path, model, optimizer, scaler, position, params):
 def load_checkpoint(path, model, optimizer, scaler):
     """Restore the states saved by :func:`save_checkpoint`; return the saved position."""
     payload = torch.load(path, map_location="cpu", weights_only=True)
-    unwrap(model).load_state_dict(payload["model"])
-    optimizer.load_state_dict(payload["optimizer"])
+    load_full_state_dicts(model, optimizer, payload["model"], payload["optimizer"])
     scaler.load_state_dict(payload["scaler"])
     torch.set_rng_state(payload["rng"]["torch"])
     if payload["rng"]["cuda"] and torch.cuda.is_available():
@@ -64,13 +62,16 @@ def load_checkpoint(path, model, optimizer, scaler):
 class StopSignals:
     """Remembers a SIGTERM or SIGUSR1 (a batch system's warning before the time limit).
 
-    The handler only records the signal; the training loop checks :attr:`received` between steps,
-    saves a checkpoint and stops, so no step is left half done.
+    The handler only records the signal; the training loop asks :meth:`agreed` between steps,
+    saves a checkpoint and stops, so no step is left half done. With several ranks they must all
+    stop at the same step (a rank that went on would wait forever in its next all-reduce), so
+    ``agreed`` asks the others: one tiny all-reduce, which is why the loop asks only every few steps.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
-    def __init__(self):
+    def __init__(self, world=World(), device=torch.device("cpu")):
+        self.world, self.device = world, device
         self.received = None
         for signum in self.SIGNALS:
             signal.signal(signum, self._handle)
@@ -79,3 +80,9 @@ class StopSignals:
         if self.received is None:
             logging.info("Received %s: stopping after this step with a checkpoint.", signal.Signals(signum).name)
         self.received = signum
+
+    def agreed(self):
+        """Whether any rank received a stop signal (on one rank: whether this one did, no communication)."""
+        if self.world.size > 1 and agree_to_stop(self.received is not None, self.world, self.device):
+            self.received = self.received or signal.SIGTERM  # another rank got the signal
+        return self.received is not None

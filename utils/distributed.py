@@ -24,6 +24,7 @@ import functools
 import inspect
 import logging
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from utils.errors import UserError
 
-try:  # public since torch 2.5; torch 2.4 kept DTensor in a private module
+try:  # public in newer torch; torch 2.4 kept DTensor in a private module
     from torch.distributed.tensor import DTensor, distribute_tensor
 except ImportError:  # pragma: no cover - depends on the installed torch
     try:
@@ -70,10 +71,11 @@ def read_world():
                         "under Slurm, by export_DDP_vars.sh.") from None
 
 
-def check_parallel_options(params, world):
+def check_parallel_options(params, world, graph_capture=False):
     """Refuse combinations of the distributed options that cannot work, before any rank trains.
 
     Called on every rank with the same options, so every rank refuses the same way.
+    ``graph_capture``: the step is captured in a CUDA graph (train_graph.py).
     """
     if params.parallel == "fsdp" and params.noddp:
         raise UserError("--parallel=fsdp cannot be combined with --noddp: FSDP needs communication to "
@@ -86,10 +88,25 @@ def check_parallel_options(params, world):
     if params.ddp_comm_hook != "none" and params.noddp:
         raise UserError(f"--ddp_comm_hook={params.ddp_comm_hook} compresses the gradients that DDP sends, "
                         "and --noddp sends none. Drop one of the two options.")
+    if params.parallel == "fsdp" and params.amp_mode == "fp16" and torch_release() < (2, 6):
+        # Before 2.6 the gradient scaler checked only this rank's shards for inf/NaN, so ranks could
+        # disagree on skipping a step; since then the check is all-reduced over the shards.
+        raise UserError(f"--parallel=fsdp with --amp_mode=fp16 needs PyTorch 2.6 or newer (this is "
+                        f"{torch.__version__}): older gradient scalers do not agree across shards on "
+                        "skipping a step. Use --amp_mode=bf16 (no scaler needed), or --parallel=ddp.")
+    if params.parallel == "fsdp" and graph_capture:
+        raise UserError("--parallel=fsdp cannot run in a captured CUDA graph: FSDP gathers and frees each "
+                        "block's weights in every step, with allocations and stream waits that a graph "
+                        "cannot replay. Train with train.py, or use --parallel=ddp with train_graph.py.")
     if params.parallel == "fsdp" and world.size > 1 and import_fully_shard() is None:
         raise UserError(f"--parallel=fsdp needs torch.distributed's fully_shard, which this PyTorch "
                         f"({torch.__version__}) does not provide. Install PyTorch 2.4 or newer, or train "
                         "with --parallel=ddp.")
+
+
+def torch_release():
+    """(major, minor) of the installed torch; pre-releases such as NGC's 2.6.0a0 count as 2.6."""
+    return tuple(int(part) for part in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
 
 
 def import_fully_shard():
@@ -104,17 +121,18 @@ def import_fully_shard():
     return fully_shard
 
 
-def init_process_group(world, device, params):
+def init_process_group(world, device, params=None):
     """Join the other ranks: NCCL between GPUs, gloo between CPU processes.
 
-    ``params.dist_timeout_s`` bounds every wait for the other ranks, the rendezvous included, so
-    that a dead or stuck rank makes the others stop instead of hanging until the batch system's
-    time limit. gloo raises the timeout in the waiting call, which :func:`exit_on_lost_rank` turns
-    into a message. NCCL collectives run asynchronously on the GPU, so there a watchdog thread
-    enforces the timeout: with ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` at its default (3 in torch
-    >= 2.2: tear the process down) it logs "Watchdog caught collective operation timeout" and ends
-    the process. ``TORCH_NCCL_BLOCKING_WAIT=1`` would raise the timeout in Python instead, but
-    makes the CPU wait for every collective, a host sync in the hot loop, so it is left to users.
+    ``params.dist_timeout_s`` (600 s without ``params``) bounds every wait for the other ranks, the
+    rendezvous included, so that a dead or stuck rank makes the others stop instead of hanging until
+    the batch system's time limit. gloo raises the timeout in the waiting call, which
+    :func:`exit_on_lost_rank` turns into a message. NCCL collectives run asynchronously on the GPU,
+    so there a watchdog thread enforces the timeout: with ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` at 3
+    (torch's default since 2.2) or 1 (what torchrun sets), it logs "Watchdog caught collective
+    operation timeout" and ends the process. ``TORCH_NCCL_BLOCKING_WAIT=1`` would raise the timeout
+    in Python instead, but makes the CPU wait for every collective, a host sync in the hot loop, so
+    it is left to users.
     """
     global _timeout_s
     if world.size == 1:
@@ -129,35 +147,38 @@ def init_process_group(world, device, params):
         logging.warning("TORCH_NCCL_ASYNC_ERROR_HANDLING=%s: a rank whose partner died will not be "
                         "stopped by --dist_timeout_s. Unset it (or set 1 or 3) to make timeouts end "
                         "the run.", os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"])
-    _timeout_s = params.dist_timeout_s
+    _timeout_s = params.dist_timeout_s if params is not None else 600
     address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
     try:
         dist.init_process_group(backend, rank=world.rank, world_size=world.size,
-                                timeout=datetime.timedelta(seconds=params.dist_timeout_s))
+                                timeout=datetime.timedelta(seconds=_timeout_s))
     except dist.DistError as error:
         detail = first_line(error)
-        if "EADDRINUSE" in detail or "address already in use" in detail.lower():
+        if "EADDRINUSE" in str(error) or "address already in use" in str(error).lower():
             raise UserError(f"Rank 0 cannot listen on MASTER_PORT={os.environ['MASTER_PORT']}: another "
                             "program (perhaps an earlier run that is still alive) uses that port. Choose "
                             "another port, e.g. torchrun --master_port=29501, or end the old run.") from None
         raise UserError(f"Rank {world.rank} of {world.size} could not meet the other ranks at {address} "
-                        f"within dist_timeout_s={params.dist_timeout_s} s ({detail}). Check that every rank "
+                        f"within dist_timeout_s={_timeout_s} s ({detail}). Check that every rank "
                         "was started with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT, that "
                         "MASTER_ADDR is the node running rank 0 and is reachable from this node, and "
                         "that no rank failed before joining (see its output).") from None
 
 
 def first_line(error):
-    """The first non-empty line of an error's text: NCCL and gloo append long C++ traces."""
+    """The gist of an error's text: gloo and NCCL add source locations, advice and C++ traces."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
+    if not lines:
+        return type(error).__name__
+    text = re.sub(r"^\[[^\]]*\]\s*", "", lines[0])  # e.g. "[.../gloo/transport/tcp/pair.cc:553] "
+    return text.split(". ")[0].rstrip(".")
 
 
 # Phrases of the errors gloo and NCCL raise when a peer is gone or silent. Not every torch
 # version raises a DistError subclass for them, so the text is the reliable part.
-LOST_RANK_PHRASES = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out",
-                     "timeout", "socket closed", "connection refused", "nccl communicator was aborted",
-                     "ncclremoteerror", "watchdog caught collective operation timeout")
+LOST_RANK_PHRASES = ("connection closed by peer", "connection reset by peer", "broken pipe",
+                     "timed out waiting", "nccl communicator was aborted", "ncclremoteerror",
+                     "watchdog caught collective operation timeout")
 
 
 def is_lost_rank_error(error):
@@ -203,18 +224,24 @@ def exit_on_lost_rank(main):
 def parallelize(model, params, world, device):
     """The model, ready for data-parallel training: DDP, FSDP, or unchanged (one rank, ``noddp``).
 
-    With ``--parallel=fsdp`` call this BEFORE creating the optimiser: ``fully_shard`` replaces
-    every parameter with its shard, and an optimiser made earlier would update the old tensors.
-    DDP keeps the parameters, so for DDP the order does not matter.
+    Call it BEFORE creating the optimiser: ``fully_shard`` replaces every parameter with its
+    shard, and an optimiser made earlier would update the old tensors (DDP keeps the parameters,
+    so there the order does not matter). Call it before ``torch.compile`` too, and compile the
+    wrapped model, so that the compiler sees DDP's buckets and FSDP's blocks.
     """
     if world.size == 1:
         return model
     if params.parallel == "fsdp":
+        logging.info("Data parallel: FSDP (fully_shard per U-Net block) over %d ranks", world.size)
         return shard_model(model, world, device)
     if params.noddp:
         # Every rank trains on its own: no gradient communication at all. This measures the
         # compute part of a multi-GPU step; the ranks' weights drift apart.
+        logging.info("noddp: %d ranks train independently, without gradient communication", world.size)
         return model
+    logging.info("Data parallel: DDP over %d ranks (bucket_cap_mb=%s, disable_broadcast_buffers=%s, "
+                 "static_graph=%s, ddp_comm_hook=%s)", world.size, params.bucket_cap_mb,
+                 params.disable_broadcast_buffers, params.static_graph, params.ddp_comm_hook)
     return wrap_ddp(model, params, device)
 
 
@@ -238,12 +265,28 @@ def wrap_ddp(model, params, device):
             options["broadcast_buffers"] = False
     model = DistributedDataParallel(model, **options)
     if params.ddp_comm_hook != "none":
-        # torch's built-in hooks cast each gradient bucket to 16 bits (after dividing by the world
-        # size, so fp16 does not overflow), all-reduce it and cast back: half the bytes on the wire.
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        hook = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
-        model.register_comm_hook(state=None, hook=hook[params.ddp_comm_hook])
+        model.register_comm_hook(state=None, hook=compression_hook(params.ddp_comm_hook, device))
     return model
+
+
+def compression_hook(name, device):
+    """torch's built-in DDP hook that sends gradients as fp16 or bf16: half the bytes on the wire.
+
+    The hooks cast each gradient bucket to 16 bits (after dividing by the world size, so that fp16
+    does not overflow), all-reduce it and cast the result back into the bucket.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    if name == "fp16":
+        return default_hooks.fp16_compress_hook
+    if device.type == "cuda":
+        return default_hooks.bf16_compress_hook
+
+    # DDP refuses the bf16 hook by its name unless NCCL is present, although gloo reduces bf16
+    # tensors too. Under another name the same torch code runs between CPU processes.
+    def gloo_bf16_compress_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        return default_hooks.bf16_compress_hook(state, bucket)
+
+    return gloo_bf16_compress_hook
 
 
 def shard_model(model, world, device):
@@ -276,6 +319,11 @@ def full_tensor(tensor):
     return tensor.full_tensor() if DTensor is not None and isinstance(tensor, DTensor) else tensor
 
 
+def is_sharded(model):
+    """Whether FSDP has replaced the model's parameters with shards (DTensors)."""
+    return DTensor is not None and any(isinstance(p, DTensor) for p in bare_model(model).parameters())
+
+
 def bare_model(model):
     """The model inside DDP and torch.compile wrappers (FSDP changes the model in place)."""
     while hasattr(model, "module") or hasattr(model, "_orig_mod"):
@@ -283,20 +331,27 @@ def bare_model(model):
     return model
 
 
-def full_state_dicts(model, optimizer):
-    """Model and optimiser states as full tensors on the CPU, whatever the parallelism.
+def full_state_dicts(model, optimizer, world):
+    """Model and optimiser states as full CPU tensors on rank 0 (None on the other ranks).
 
     The result has the layout of the bare model's ``state_dict()`` and ``optimizer.state_dict()``,
     so a checkpoint written from an FSDP run can be resumed with DDP or on one device, and the other
-    way round. Under FSDP this gathers every shard: call it on EVERY rank (in the same order), then
-    let rank 0 write the file.
+    way round. Under FSDP this gathers every shard, a collective: call it on EVERY rank, and let
+    rank 0 write the file. Without sharding the other ranks return at once.
     """
-    model_state = {name: full_tensor(value).detach().cpu() for name, value in bare_model(model).state_dict().items()}
+    if not (world.is_main or is_sharded(model)):
+        return None
+
+    def gathered(value):
+        value = full_tensor(value)  # every rank takes part in the gather ...
+        return value.detach().cpu() if world.is_main else None  # ... only rank 0 keeps the result
+
+    model_state = {name: gathered(value) for name, value in bare_model(model).state_dict().items()}
     optimizer_state = optimizer.state_dict()
     optimizer_state["state"] = {
-        index: {key: full_tensor(value).cpu() if torch.is_tensor(value) else value for key, value in state.items()}
+        index: {key: gathered(value) if torch.is_tensor(value) else value for key, value in state.items()}
         for index, state in sorted(optimizer_state["state"].items())}
-    return model_state, optimizer_state
+    return (model_state, optimizer_state) if world.is_main else None
 
 
 def load_full_state_dicts(model, optimizer, model_state, optimizer_state):
@@ -306,11 +361,11 @@ def load_full_state_dicts(model, optimizer, model_state, optimizer_state):
     sharded this is the plain ``load_state_dict`` of both.
     """
     model = bare_model(model)
-    own = model.state_dict()
-    if not any(DTensor is not None and isinstance(value, DTensor) for value in own.values()):
+    if not is_sharded(model):
         model.load_state_dict(model_state)
         optimizer.load_state_dict(optimizer_state)
         return
+    own = model.state_dict()
     missing, unexpected = own.keys() - model_state.keys(), model_state.keys() - own.keys()
     if missing or unexpected:
         raise RuntimeError(f"state_dict keys differ: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
@@ -371,7 +426,7 @@ def memory_report(model, optimizer):
 def describe_memory(report):
     """One log line for :func:`memory_report`, in MiB."""
     names = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state",
-             "model_total": "together", "peak_allocated": "CUDA peak allocated"}
+             "model_total": "total", "peak_allocated": "CUDA peak allocated"}
     return ", ".join(f"{names.get(key, key)} {value / 2**20:.1f} MiB" for key, value in report.items())
 
 

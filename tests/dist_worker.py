@@ -1,0 +1,181 @@
+"""One rank of the distributed tests, started by tests/test_distributed.py as a real process.
+
+    RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=... python tests/dist_worker.py SCENARIO OUT_DIR
+
+The environment is what torchrun would set, so the process joins its group the way train.py does
+(read_world, init_process_group). Scenarios:
+
+  variants  train the small U-Net a few Adam steps under each data-parallel variant and save, per
+            variant, the full first-step gradients, final weights, gathered states and memory report
+  die       train; rank 1 kills itself with SIGKILL after two steps
+  hang      train; rank 1 stops answering (sleeps) after two steps
+
+:func:`train` with a one-rank World is also the reference the test compares against.
+"""
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from networks.UNet import UNet  # noqa: E402
+from utils import distributed  # noqa: E402
+from utils.YParams import YParams  # noqa: E402
+from utils.errors import exit_on_user_error  # noqa: E402
+
+CROP = 32
+GLOBAL_BATCH = 4
+STEPS = 3
+LR = 1e-3
+SEED = 0
+
+# Each variant's config overrides on top of the `test` config.
+VARIANTS = {
+    "ddp": {},
+    "ddp_bucket_view": {"bucket_cap_mb": 1, "disable_broadcast_buffers": True},
+    "ddp_static": {"static_graph": True},
+    "ddp_fp16": {"ddp_comm_hook": "fp16"},
+    "ddp_bf16": {"ddp_comm_hook": "bf16"},
+    "noddp": {"noddp": True},
+    "fsdp": {"parallel": "fsdp"},
+}
+
+
+def make_params(**overrides):
+    params = YParams(os.path.join(ROOT, "config", "UNet.yaml"), "test")
+    params.update(overrides)
+    return params
+
+
+def global_batch(step):
+    """The same global batch on every rank (and in the one-rank reference) for a given step."""
+    generator = torch.Generator().manual_seed(1000 + step)
+    inputs = torch.randn(GLOBAL_BATCH, 4, CROP, CROP, CROP, generator=generator)
+    targets = torch.rand(GLOBAL_BATCH, 5, CROP, CROP, CROP, generator=generator) * 2 - 1
+    return inputs, targets
+
+
+def build(params, world, device):
+    """The same initial U-Net on every rank, wrapped, and its Adam (made after wrapping, for FSDP)."""
+    torch.manual_seed(SEED)
+    model = UNet(base_channels=4, full_scale=False).to(device)
+    model = distributed.parallelize(model, params, world, device)
+    return model, torch.optim.Adam(model.parameters(), lr=LR)
+
+
+def train_step(model, optimizer, world, step):
+    """One step on this rank's share of the global batch; the mean L1 loss, as train.py's."""
+    inputs, targets = global_batch(step)
+    local = GLOBAL_BATCH // world.size
+    part = slice(world.rank * local, (world.rank + 1) * local)
+    loss = torch.nn.functional.l1_loss(model(inputs[part]), targets[part])
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    return loss
+
+
+def train(params, world, device=torch.device("cpu"), steps=STEPS):
+    """Train a few steps; return full first-step gradients, final states and the memory report.
+
+    Every rank returns its own full weights (to show that the ranks agree); the gathered
+    checkpoint states exist on rank 0 only, as in train.py.
+    """
+    model, optimizer = build(params, world, device)
+    named = list(distributed.bare_model(model).named_parameters())
+    for step in range(steps):
+        train_step(model, optimizer, world, step)
+        if step == 0:
+            grads = {name: distributed.full_tensor(p.grad).detach().clone() for name, p in named}
+        optimizer.step()
+        if step == 0:
+            memory = distributed.memory_report(model, optimizer)
+    weights = {name: distributed.full_tensor(p).detach().clone() for name, p in named}
+    states = distributed.full_state_dicts(model, optimizer, world)
+    result = {"grads": grads, "weights": weights, "memory": memory}
+    if world.is_main:
+        result["optimizer"] = states[1]
+        assert all(torch.equal(states[0][name], value) for name, value in weights.items())
+
+    # Round trip: the gathered states, loaded into a fresh (sharded) model that has taken a step of
+    # its own, give the same states back. Every rank loads them, as from a checkpoint file.
+    states = broadcast_object(states, world)
+    fresh_model, fresh_optimizer = build(params, world, device)
+    train_step(fresh_model, fresh_optimizer, world, 0)
+    fresh_optimizer.step()
+    distributed.load_full_state_dicts(fresh_model, fresh_optimizer, *states)
+    reloaded = distributed.full_state_dicts(fresh_model, fresh_optimizer, world)
+    if world.is_main:
+        model_state, optimizer_state = states
+        result["round_trip"] = (
+            all(torch.equal(reloaded[0][name], value) for name, value in model_state.items())
+            and all(torch.equal(reloaded[1]["state"][index][key], value)
+                    for index, state in optimizer_state["state"].items() for key, value in state.items()))
+    return result
+
+
+def broadcast_object(value, world):
+    """Rank 0's ``value`` on every rank (the stand-in for every rank reading the checkpoint file)."""
+    if world.size == 1:
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def run_variants(world, out_dir):
+    device = torch.device("cpu")
+    for name, overrides in VARIANTS.items():
+        try:
+            result = train(make_params(**overrides), world, device)
+            torch.save(result, os.path.join(out_dir, f"{name}.rank{world.rank}.pt"))
+        except Exception:  # recorded per variant, so that each test reports its own failure
+            with open(os.path.join(out_dir, f"{name}.rank{world.rank}.error"), "w") as f:
+                f.write(traceback.format_exc())
+    agreed = {
+        "rank0_flags": distributed.agree_to_stop(world.rank == 0, world, device),
+        "none_flags": distributed.agree_to_stop(False, world, device),
+        "last_flags": distributed.agree_to_stop(world.rank == world.size - 1, world, device),
+    }
+    with open(os.path.join(out_dir, f"agree.rank{world.rank}.json"), "w") as f:
+        json.dump(agreed, f)
+
+
+def run_until_lost(world, scenario):
+    """Train DDP steps for long; rank 1 dies (or goes silent) after two, and rank 0 must give up."""
+    params = make_params()
+    device = torch.device("cpu")
+    model, optimizer = build(params, world, device)
+    for step in range(10_000):
+        if world.rank == 1 and step == 2:
+            print(f"rank 1 leaving at {time.time()}", flush=True)
+            if scenario == "die":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(300)  # the test ends it
+        train_step(model, optimizer, world, step % 4)
+        optimizer.step()
+        distributed.agree_to_stop(False, world, device)
+
+
+@exit_on_user_error
+@distributed.exit_on_lost_rank
+def main(scenario, out_dir):
+    torch.set_num_threads(1)  # two ranks share the test machine's cores
+    world = distributed.read_world()
+    params = make_params(dist_timeout_s=int(os.environ.get("TEST_DIST_TIMEOUT_S", 60)))
+    distributed.check_parallel_options(params, world)
+    distributed.init_process_group(world, torch.device("cpu"), params)
+    if scenario == "variants":
+        run_variants(world, out_dir)
+    else:
+        run_until_lost(world, scenario)
+    distributed.shutdown(world)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,276 @@
+"""Data parallelism on real processes: two CPU ranks over gloo against one rank doing the same work.
+
+The ranks are separate Python processes started the way torchrun starts them (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT), running tests/dist_worker.py. Fed the same global batches, two ranks
+must reach the weights one rank reaches (DDP averages the gradients of the halves, which is the
+gradient of the mean loss over the whole batch), unless told not to communicate (noddp).
+"""
+import contextlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import dist_worker
+from conftest import ROOT
+from utils import distributed
+from utils.distributed import World
+from utils.errors import UserError
+
+WORKER = os.path.join(ROOT, "tests", "dist_worker.py")
+EXACT_DDP = ["ddp", "ddp_bucket_view", "ddp_static"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def ranks(scenario, out_dir, world_size=2, timeout_s=60):
+    """Start ``world_size`` worker processes; whatever happens, none outlives the block."""
+    port = free_port()
+    processes = []
+    try:
+        for rank in range(world_size):
+            env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TEST_DIST_TIMEOUT_S": str(timeout_s),
+                   "OMP_NUM_THREADS": "1"}
+            with open(out_dir / f"{scenario}.rank{rank}.log", "w") as log:
+                processes.append(subprocess.Popen([sys.executable, WORKER, scenario, str(out_dir)], cwd=ROOT,
+                                                  env=env, stdout=log, stderr=subprocess.STDOUT))
+        yield processes
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+def logs(out_dir, scenario, world_size=2):
+    return "\n".join(f"--- rank {rank}:\n" + (out_dir / f"{scenario}.rank{rank}.log").read_text()
+                     for rank in range(world_size))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every variant trained on two ranks (one run of the worker), and the one-rank reference."""
+    out_dir = tmp_path_factory.mktemp("variants")
+    with ranks("variants", out_dir) as processes:
+        reference = dist_worker.train(dist_worker.make_params(), World())  # meanwhile, in this process
+        for process in processes:
+            process.wait(timeout=240)
+    assert [p.returncode for p in processes] == [0, 0], logs(out_dir, "variants")
+    return out_dir, reference
+
+
+def load(runs, variant):
+    """Both ranks' results for ``variant``; fails the test with the rank's traceback if it raised."""
+    out_dir, _ = runs
+    results = []
+    for rank in (0, 1):
+        error = out_dir / f"{variant}.rank{rank}.error"
+        if error.exists():
+            pytest.fail(f"{variant} failed on rank {rank}:\n{error.read_text()}")
+        results.append(torch.load(out_dir / f"{variant}.rank{rank}.pt", weights_only=True))
+    return results
+
+
+def relative_error(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+def assert_ranks_identical(results):
+    for name, value in results[0]["weights"].items():
+        assert torch.equal(value, results[1]["weights"][name]), name
+
+
+def assert_matches_reference(result, reference):
+    # Per tensor, so that the tiny gradients of the deep layers count as much as the large ones.
+    for name, grad in reference["grads"].items():
+        assert relative_error(result["grads"][name], grad) < 1e-5, name
+    for name, weight in reference["weights"].items():
+        torch.testing.assert_close(result["weights"][name], weight, rtol=0, atol=1e-6, msg=name)
+    for index, state in reference["optimizer"]["state"].items():
+        for key, value in state.items():
+            torch.testing.assert_close(result["optimizer"]["state"][index][key], value, rtol=1e-5, atol=1e-9)
+
+
+def assert_reload_round_trips(result):
+    """Gathered states, loaded into a fresh (sharded) model and optimiser, gather back unchanged."""
+    assert result["round_trip"]
+
+
+# ----------------------------------------------------------------------------- DDP
+
+@pytest.mark.parametrize("variant", EXACT_DDP)
+def test_ddp_matches_one_rank(runs, variant):
+    """Plain DDP, bucket_cap_mb=1 with gradient_as_bucket_view and no buffer broadcast, static_graph."""
+    results = load(runs, variant)
+    assert_ranks_identical(results)
+    assert_matches_reference(results[0], runs[1])
+    assert_reload_round_trips(results[0])
+
+
+def test_bf16_hook_matches_within_bf16_rounding(runs):
+    results = load(runs, "ddp_bf16")
+    assert_ranks_identical(results)
+    reference = runs[1]
+    # bf16 keeps 8 significant bits: about 0.4 % per element, far less over a whole tensor.
+    errors = {name: relative_error(results[0]["grads"][name], grad) for name, grad in reference["grads"].items()}
+    assert max(errors.values()) < 1e-2, errors
+    assert min(errors.values()) > 1e-4, "every gradient must have gone through bf16"
+    fp32 = load(runs, "ddp")[0]
+    assert any(not torch.equal(value, fp32["weights"][name]) for name, value in results[0]["weights"].items())
+    for name, weight in reference["weights"].items():
+        torch.testing.assert_close(results[0]["weights"][name], weight, rtol=0, atol=3 * dist_worker.LR, msg=name)
+
+
+def test_fp16_hook_matches_within_fp16_rounding(runs):
+    results = load(runs, "ddp_fp16")
+    assert_ranks_identical(results)
+    # fp16 has 11 significant bits but a narrow range: most of the tiny U-Net's gradients at
+    # initialisation (1e-13 and up in the deep layers) underflow. Where a gradient stays in fp16's
+    # normal range after the hook halves it (above 2 x 6.1e-5), it is exact to fp16 rounding.
+    checked = 0
+    for name, grad in runs[1]["grads"].items():
+        normal = grad.abs() > 1.3e-4
+        checked += int(normal.sum())
+        torch.testing.assert_close(results[0]["grads"][name][normal], grad[normal], rtol=2e-3, atol=0, msg=name)
+    assert checked >= 20
+    assert any(not torch.equal(results[0]["grads"][name], grad) for name, grad in runs[1]["grads"].items())
+
+
+def test_noddp_ranks_train_apart(runs):
+    """Without the wrapper no gradient is exchanged: each rank follows its own half of the batch."""
+    results = load(runs, "noddp")
+    differences = [float((results[0]["weights"][name] - value).abs().max())
+                   for name, value in results[1]["weights"].items()]
+    assert max(differences) > 1e-4
+    assert relative_error(results[0]["grads"]["last.bias"], runs[1]["grads"]["last.bias"]) > 1e-2
+
+
+# ----------------------------------------------------------------------------- FSDP
+
+requires_fully_shard = pytest.mark.skipif(distributed.import_fully_shard() is None,
+                                          reason=f"torch {torch.__version__} has no fully_shard")
+
+
+@requires_fully_shard
+def test_fsdp_matches_one_rank(runs):
+    results = load(runs, "fsdp")
+    assert_ranks_identical(results)
+    assert_matches_reference(results[0], runs[1])
+    assert_reload_round_trips(results[0])
+    # The gathered states have the one-device layout, so checkpoints move between DDP and FSDP.
+    assert results[0]["weights"].keys() == runs[1]["weights"].keys()
+
+
+@requires_fully_shard
+def test_fsdp_holds_half_of_ddp_per_rank(runs):
+    ddp = load(runs, "ddp")
+    fsdp = load(runs, "fsdp")
+    for rank in (0, 1):
+        assert ddp[rank]["memory"] == runs[1]["memory"], "DDP holds the whole model on every rank"
+        ratio = fsdp[rank]["memory"]["model_total"] / ddp[rank]["memory"]["model_total"]
+        assert 0.45 < ratio < 0.55, (rank, fsdp[rank]["memory"], ddp[rank]["memory"])
+    for key in ("parameters", "gradients", "optimizer_state"):
+        # The shards cover the model exactly once (Adam's step counters are per rank).
+        together = fsdp[0]["memory"][key] + fsdp[1]["memory"][key]
+        assert together == pytest.approx(ddp[0]["memory"][key], abs=8 * 20 * 2), key
+    assert "optimizer state" in distributed.describe_memory(fsdp[0]["memory"])
+
+
+# ----------------------------------------------------------------------------- stopping together
+
+def test_agree_to_stop(runs):
+    out_dir, _ = runs
+    for rank in (0, 1):
+        agreed = json.loads((out_dir / f"agree.rank{rank}.json").read_text())
+        assert agreed == {"rank0_flags": True, "none_flags": False, "last_flags": True}, rank
+    assert distributed.agree_to_stop(True, World(), torch.device("cpu")) is True
+
+
+@pytest.mark.parametrize("how", ["die", "hang"])
+def test_lost_rank_ends_the_others_with_a_message(tmp_path, how):
+    """Rank 1 is SIGKILLed (or stops answering) mid-run; rank 0 must exit within the timeout."""
+    timeout_s = 5
+    with ranks(how, tmp_path, timeout_s=timeout_s) as processes:
+        try:
+            processes[0].wait(timeout=timeout_s + 90)
+        except subprocess.TimeoutExpired:
+            pytest.fail("rank 0 hangs after losing rank 1:\n" + logs(tmp_path, how))
+        finished = time.time()
+    output = (tmp_path / f"{how}.rank0.log").read_text()
+    left = re.search(r"rank 1 leaving at ([\d.]+)", (tmp_path / f"{how}.rank1.log").read_text())
+    assert left, logs(tmp_path, how)
+    waited = finished - float(left.group(1))
+    assert processes[0].returncode == 2, logs(tmp_path, how)
+    assert waited < timeout_s + 15, waited
+    if how == "hang":
+        assert waited > timeout_s * 0.8, "rank 0 must wait out the timeout for a silent rank"
+    message = " ".join(output.split())
+    assert message.startswith("error: Rank 0 of 2 stopped") and "Traceback" not in output, output
+    assert "another rank died" in message and f"dist_timeout_s={timeout_s}" in message
+
+
+def test_missing_rank_at_start_ends_with_a_message(tmp_path):
+    """Rank 0 of two, alone: the rendezvous gives up after dist_timeout_s."""
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "TEST_DIST_TIMEOUT_S": "3"}
+    start = time.time()
+    result = subprocess.run([sys.executable, WORKER, "variants", str(tmp_path)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=90)
+    assert result.returncode == 2, result.stderr
+    assert time.time() - start < 3 + 30
+    message = " ".join(result.stderr.split())
+    assert "could not meet the other ranks" in message and "Traceback" not in result.stderr
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def test_world_without_master_addr(monkeypatch):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    with pytest.raises(UserError, match="MASTER_ADDR is not set"):
+        distributed.init_process_group(World(2, 0, 0), torch.device("cpu"), dist_worker.make_params())
+
+
+def test_port_in_use(monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(taken.getsockname()[1]))
+        with pytest.raises(UserError, match="another program"):
+            distributed.init_process_group(World(2, 0, 0), torch.device("cpu"),
+                                           dist_worker.make_params(dist_timeout_s=5))
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    ({"parallel": "fsdp", "noddp": True}, "cannot be combined with --noddp"),
+    ({"parallel": "fsdp", "ddp_comm_hook": "bf16"}, "does not use DDP"),
+    ({"noddp": True, "ddp_comm_hook": "fp16"}, "--noddp sends none"),
+])
+def test_contradictory_options_refused(overrides, fragment):
+    for world in (World(), World(2, 1, 1)):
+        with pytest.raises(UserError, match=fragment):
+            distributed.check_parallel_options(dist_worker.make_params(**overrides), world)
+
+
+def test_fsdp_refused_in_a_cuda_graph():
+    with pytest.raises(UserError, match="captured CUDA graph"):
+        distributed.check_parallel_options(dist_worker.make_params(parallel="fsdp"), World(2, 0, 0),
+                                           graph_capture=True)
+
+
+def test_sensible_options_accepted():
+    for overrides in ({}, {"parallel": "fsdp"}, {"noddp": True}, {"ddp_comm_hook": "bf16", "static_graph": True}):
+        distributed.check_parallel_options(dist_worker.make_params(**overrides), World(2, 0, 0))
