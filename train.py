@@ -23,6 +23,7 @@ import yaml
 from networks.UNet import UNet
 from utils import get_data_loader_distributed, lr_schedule
 from utils.YParams import load_params
+from utils.benchmark import wrap_for_benchy
 from utils.checkpoint import CHECKPOINT_NAME, StopSignals, load_checkpoint, save_checkpoint
 from utils.distributed import (agree_to_stop, all_reduce_mean, check_parallel_options, describe_memory,
                                exit_on_lost_rank, init_process_group, memory_report, parallelize, read_world,
@@ -32,6 +33,7 @@ from utils.logging_utils import TensorBoard, config_logger, log_to_file
 from utils.losses import build_loss
 from utils.optim import Precision, build_optimizer, configure_tf32, set_learning_rate
 from utils.preview import render_preview, save_png
+from utils.profiling import Profiling, annotate, check_profiling_options
 
 
 @dataclass
@@ -134,17 +136,23 @@ STOP_CHECK_STEPS = 10  # how often the ranks agree whether a stop signal arrived
 
 
 def train_step(model, optimizer, loss_fn, precision, inputs, targets):
-    """Forward, loss, backward and optimiser update for one batch; returns the loss (on the device)."""
-    with precision.autocast():
+    """Forward, loss, backward and optimiser update for one batch; returns the loss (on the device).
+
+    The ``annotate`` ranges cost nothing unless profiling is on (--enable_manual_profiling,
+    --profiler=torch); then they name the phases in the Nsight or torch profiler timeline.
+    """
+    with annotate("forward"), precision.autocast():
         loss = loss_fn(model(inputs), targets)
     optimizer.zero_grad(set_to_none=True)
-    precision.scaler.scale(loss).backward()
-    precision.scaler.step(optimizer)
-    precision.scaler.update()
+    with annotate("backward"):
+        precision.scaler.scale(loss).backward()
+    with annotate("optimizer"):
+        precision.scaler.step(optimizer)
+        precision.scaler.update()
     return loss.detach()
 
 
-def train_one_epoch(step_fn, loader, optimizer, schedule, position, move, stop):
+def train_one_epoch(step_fn, loader, optimizer, schedule, position, move, stop, profiling):
     """Run the epoch's remaining batches; return their losses, still on the device.
 
     Nothing here waits for the device: the losses stay device tensors that the caller reads once,
@@ -152,9 +160,12 @@ def train_one_epoch(step_fn, loader, optimizer, schedule, position, move, stop):
     """
     losses = []
     for inputs, targets in loader:
-        inputs, targets = move(inputs), move(targets)
-        set_learning_rate(optimizer, schedule(position.step))
-        losses.append(step_fn(inputs, targets))
+        profiling.step(position.step)  # opens and closes the profiling window; one comparison when off
+        with annotate("step", position.step):
+            with annotate("data copy in", position.step):
+                inputs, targets = move(inputs), move(targets)
+            set_learning_rate(optimizer, schedule(position.step))
+            losses.append(step_fn(inputs, targets))
         position.step += 1
         position.batch_in_epoch += 1
         if position.step % STOP_CHECK_STEPS == 0 and stop.agreed():
@@ -217,6 +228,7 @@ def main(argv=None, make_step=None, graph_capture=False):
 
     # Data first: a missing or malformed file is reported before anything is written.
     train_loader, val_loader = get_data_loader_distributed(params, world.rank, device)
+    check_profiling_options(params, len(train_loader), device)
     run_dir = prepare_run_dir(options, params, world, device)
     if world.is_main:
         log_to_file(os.path.join(run_dir, "out.log"))
@@ -244,6 +256,7 @@ def main(argv=None, make_step=None, graph_capture=False):
     schedule = functools.partial(lr_schedule, total_steps=params.num_epochs * steps_per_epoch, params=params)
     tensorboard = TensorBoard(os.path.join(run_dir, "logs"), enabled=world.is_main)
     stop = StopSignals(world, device)
+    profiling = Profiling(params, world.is_main, device, run_dir, steps_per_epoch)
 
     def validate_and_log():
         start = time.time()
@@ -262,50 +275,57 @@ def main(argv=None, make_step=None, graph_capture=False):
             save_checkpoint(os.path.join(run_dir, CHECKPOINT_NAME), model, optimizer, precision.scaler,
                             asdict(position), params, world)
 
-    if position.step == 0:
+    if position.step == 0 and not params.enable_benchy:
         logging.info("Validation before training (step 0)")
         validate_and_log()
         tensorboard.scalar("Learning Rate", schedule(0), 0)
+    if params.enable_benchy:  # the epochs become IO / SYNTHETIC / FULL throughput trials
+        train_loader = wrap_for_benchy(train_loader, params, world, device, run_dir)
 
     first_epoch = position.epoch
-    for epoch in range(position.epoch, params.num_epochs):
-        train_loader.sampler.set_epoch(epoch, start=position.batch_in_epoch * train_loader.batch_size)
-        first_step = position.step
-        start = time.time()
-        losses = train_one_epoch(step_fn, train_loader, optimizer, schedule, position, move, stop)
-        check_finite(losses, position, run_dir)  # waits for the device: the epoch's work is done
-        elapsed = time.time() - start
-        if epoch == first_epoch:  # what parameters, gradients and optimiser state cost each rank
-            memory = memory_report(model, optimizer)
-            logging.info("Memory per rank: %s", describe_memory(memory))
-            for key, value in memory.items():
-                tensorboard.scalar(f"Memory/{key}_MiB", value / 2**20, position.step)
-        if stop.agreed():  # stopped in the middle of the epoch: save where it stands
+    with profiling:  # closes a window cut short; dumps a CUDA memory snapshot on out-of-memory
+        for epoch in range(position.epoch, params.num_epochs):
+            train_loader.sampler.set_epoch(epoch, start=position.batch_in_epoch * train_loader.batch_size)
+            first_step = position.step
+            start = time.time()
+            losses = train_one_epoch(step_fn, train_loader, optimizer, schedule, position, move, stop, profiling)
+            check_finite(losses, position, run_dir)  # waits for the device: the epoch's work is done
+            elapsed = time.time() - start
+            if epoch == first_epoch:  # what parameters, gradients and optimiser state cost each rank
+                memory = memory_report(model, optimizer)
+                logging.info("Memory per rank: %s", describe_memory(memory))
+                for key, value in memory.items():
+                    tensorboard.scalar(f"Memory/{key}_MiB", value / 2**20, position.step)
+            if stop.agreed():  # stopped in the middle of the epoch: save where it stands
+                checkpoint()
+                exit_on_signal(stop, position, run_dir, world)
+
+            steps = position.step - first_step
+            train_loss = all_reduce_mean(losses.mean(), world).item()
+            samples_per_sec = steps * params.global_batch_size / elapsed
+            logging.info("Time taken for epoch %d is %s sec, avg %s samples/sec", epoch + 1, elapsed,
+                         samples_per_sec)
+            logging.info("  Avg train loss=%f", train_loss)
+            if first_step == 0:  # the loss of the first batch, before any update: the train loss at step 0
+                tensorboard.scalar("Loss/train", all_reduce_mean(losses[0].clone(), world).item(), 0)
+            tensorboard.scalar("Loss/train", train_loss, position.step)
+            tensorboard.scalar("Learning Rate", optimizer.param_groups[0]["lr"], position.step)
+            tensorboard.scalar("Avg iters per sec", steps / elapsed, position.step)
+
+            if not params.enable_benchy:  # as in the original, validation is no part of the trials
+                validate_and_log()
+            position.epoch, position.batch_in_epoch = epoch + 1, 0
             checkpoint()
-            exit_on_signal(stop, position, run_dir, world)
-
-        steps = position.step - first_step
-        train_loss = all_reduce_mean(losses.mean(), world).item()
-        samples_per_sec = steps * params.global_batch_size / elapsed
-        logging.info("Time taken for epoch %d is %s sec, avg %s samples/sec", epoch + 1, elapsed, samples_per_sec)
-        logging.info("  Avg train loss=%f", train_loss)
-        if first_step == 0:  # the loss of the first batch, before any update: the train loss at step 0
-            tensorboard.scalar("Loss/train", all_reduce_mean(losses[0].clone(), world).item(), 0)
-        tensorboard.scalar("Loss/train", train_loss, position.step)
-        tensorboard.scalar("Learning Rate", optimizer.param_groups[0]["lr"], position.step)
-        tensorboard.scalar("Avg iters per sec", steps / elapsed, position.step)
-
-        validate_and_log()
-        position.epoch, position.batch_in_epoch = epoch + 1, 0
-        checkpoint()
-        tensorboard.flush()
-        if stop.agreed():
-            exit_on_signal(stop, position, run_dir, world)
+            tensorboard.flush()
+            if stop.agreed():
+                exit_on_signal(stop, position, run_dir, world)
+            if params.enable_benchy and train_loader.stop_training:  # all trials done
+                break
 
     tensorboard.close()
     logging.info("Done. TensorBoard logs: %s (view with: tensorboard --logdir %s)",
                  os.path.join(run_dir, "logs"), params.expdir)
-    if params.preview_image:
+    if params.preview_image and not params.enable_benchy:
         logging.info("Preview image: %s", os.path.join(run_dir, "preview.png"))
     shutdown(world)
 
