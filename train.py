@@ -31,6 +31,7 @@ from utils.distributed import (agree_to_stop, all_reduce_mean, check_parallel_op
 from utils.errors import UserError, exit_on_user_error
 from utils.logging_utils import TensorBoard, config_logger, log_to_file
 from utils.losses import build_loss
+from utils.metrics import ValidationMetrics, format_metrics, power_spectrum_figure
 from utils.optim import Precision, build_optimizer, configure_tf32, set_learning_rate
 from utils.preview import render_preview, save_png
 from utils.profiling import Profiling, annotate, check_profiling_options
@@ -179,8 +180,11 @@ def to_device(tensor, device, memory_format):
 
 
 @torch.no_grad()
-def validate(model, loader, loss_fn, precision, move, world):
-    """Mean validation loss over all ranks, and the first sample with its prediction (for the preview)."""
+def validate(model, loader, loss_fn, precision, move, world, metrics=None):
+    """Mean validation loss over all ranks, and the first sample with its prediction (for the preview).
+
+    ``metrics``, when given, accumulates the physics metrics batch by batch, on the device.
+    """
     model.eval()
     totals, count, sample = [], 0, None
     for inputs, targets in loader:
@@ -188,6 +192,8 @@ def validate(model, loader, loss_fn, precision, move, world):
         with precision.autocast():
             predictions = model(inputs)
             totals.append(loss_fn(predictions, targets).float() * len(inputs))
+        if metrics is not None:
+            metrics.update(predictions, targets)
         count += len(inputs)
         if sample is None:
             sample = {"input": inputs[0], "target": targets[0], "prediction": predictions[0]}
@@ -257,13 +263,23 @@ def main(argv=None, make_step=None, graph_capture=False):
     tensorboard = TensorBoard(os.path.join(run_dir, "logs"), enabled=world.is_main)
     stop = StopSignals(world, device)
     profiling = Profiling(params, world.is_main, device, run_dir, steps_per_epoch)
+    final_metrics = []  # log lines of the last validation's metrics, printed at the end
 
     def validate_and_log():
         start = time.time()
-        val_loss, sample = validate(model, val_loader, loss_fn, precision, move, world)
+        metrics = ValidationMetrics() if params.val_metrics else None
+        val_loss, sample = validate(model, val_loader, loss_fn, precision, move, world, metrics)
         logging.info("  Avg val loss=%f", val_loss)
         logging.info("  Total validation time: %s sec", time.time() - start)
         tensorboard.scalar("Loss/valid", val_loss, position.step)
+        if metrics is not None:  # L1 per field, correlations, power-spectrum ratios: one sync, on all ranks
+            values = metrics.compute(reduce_fn=lambda tensor: all_reduce_mean(tensor, world))
+            for name, value in values.items():
+                tensorboard.scalar(f"Metrics/{name}", value, position.step)
+            if world.is_main:
+                tensorboard.image("Power spectrum", power_spectrum_figure(
+                    metrics.spectra, f"gas overdensity, step {position.step}"), position.step)
+            final_metrics[:] = format_metrics(values)
         if params.preview_image and world.is_main:
             image = render_preview(sample, f"{options['config']}, step {position.step}, val loss {val_loss:.4f}")
             save_png(os.path.join(run_dir, "preview.png"), image)
@@ -323,6 +339,10 @@ def main(argv=None, make_step=None, graph_capture=False):
                 break
 
     tensorboard.close()
+    if final_metrics:
+        logging.info("Validation metrics after the last epoch:")
+        for line in final_metrics:
+            logging.info("  %s", line)
     logging.info("Done. TensorBoard logs: %s (view with: tensorboard --logdir %s)",
                  os.path.join(run_dir, "logs"), params.expdir)
     if params.preview_image and not params.enable_benchy:

@@ -46,6 +46,9 @@ def test_a_run_logs_what_users_expect(data_files, tmp_path):
     assert [e.step for e in events.Scalars("Loss/valid")] == [0, 4, 8]  # step 0, then after each epoch
     assert events.Scalars("Loss/train")[0].step == 0
     assert len(events.Images("Preview")) == 3
+    assert {"Metrics/L1_gas_density", "Metrics/corr_temperature"} <= set(events.Tags()["scalars"])
+    assert len(events.Images("Power spectrum")) == 3
+    assert "Validation metrics after the last epoch:" in log and "Pearson r" in log
     assert (run_dir / "preview.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -32,9 +32,11 @@ data's transformed units (see utils/generate_data.py):
   predicted Fourier phases match the true ones whatever the amplitudes, the complement of the
   ratio (which ignores phases).
 
-Everything is computed on the tensors' device in float32 (FFTs, element-wise work) with float64
-sums, whatever the input dtype (bf16 autocast outputs included), and nothing here waits for the
-device: ``ValidationMetrics.update`` only queues work, and ``compute`` reads the results once.
+Everything is computed on the tensors' device, whatever the input dtype (bf16 autocast outputs
+included): in float32 within a sample (element-wise work, FFTs, and sums over one crop, which
+torch reduces pairwise, to about 1e-7), in float64 across samples, batches and ranks. Nothing here
+waits for the device: ``ValidationMetrics.update`` only queues work, and ``compute`` reads the
+results once.
 """
 import functools
 import math
@@ -60,7 +62,7 @@ def l1_per_field(prediction, target):
 
 def _l1_sums(prediction, target):
     error = (prediction.float() - target.float()).abs()
-    return error.sum(dim=(0, 2, 3, 4), dtype=torch.float64)
+    return error.flatten(start_dim=2).sum(dim=2).double().sum(dim=0)  # per sample in float32, then float64
 
 
 def pearson_per_sample(prediction, target, channels=(0, 1)):
@@ -69,25 +71,29 @@ def pearson_per_sample(prediction, target, channels=(0, 1)):
     A constant prediction gives 0 (it carries no structure); a constant truth gives NaN, since no
     prediction can correlate with it (``ValidationMetrics`` leaves such samples out of the mean).
     """
-    channels = list(channels)
+    r, defined = _pearson(prediction, target, list(channels))
+    return torch.where(defined, r, torch.full_like(r, math.nan))
+
+
+def _pearson(prediction, target, channels):
+    """(r, defined): r per sample and channel, and whether the truth varies (r is meaningful)."""
     p = prediction[:, channels].float().flatten(start_dim=2)
     t = target[:, channels].float().flatten(start_dim=2)
-    # Centre first (means summed in float64), so the products below lose nothing to cancellation.
-    p = p - p.sum(dim=2, keepdim=True, dtype=torch.float64).div_(p.shape[2]).float()
-    t = t - t.sum(dim=2, keepdim=True, dtype=torch.float64).div_(t.shape[2]).float()
-    covariance = (p * t).sum(dim=2, dtype=torch.float64)
-    variance_p = (p * p).sum(dim=2, dtype=torch.float64)
-    variance_t = (t * t).sum(dim=2, dtype=torch.float64)
+    # Centre first, so that the products below lose nothing to cancellation.
+    p = p - p.mean(dim=2, keepdim=True)
+    t = t - t.mean(dim=2, keepdim=True)
+    covariance = (p * t).sum(dim=2).double()
+    variance_p = (p * p).sum(dim=2).double()
+    variance_t = (t * t).sum(dim=2).double()
     r = covariance / (variance_p * variance_t).sqrt()
-    r = torch.where(variance_p == 0, torch.zeros_like(r), r)
-    return torch.where(variance_t == 0, torch.full_like(r, math.nan), r)
+    r = torch.where(variance_p == 0, torch.zeros_like(r), r)  # NaN and inf predictions stay NaN
+    return r, variance_t > 0
 
 
 def overdensity(log_density):
     """delta = rho / mean(rho) - 1 per sample, with rho = exp(14 x); x of shape (B, S, S, S)."""
     rho = torch.exp(DENSITY_LOG_SCALE * log_density.float())
-    mean = rho.mean(dim=(1, 2, 3), keepdim=True, dtype=torch.float64).float()
-    return rho / mean - 1.0
+    return rho / rho.mean(dim=(1, 2, 3), keepdim=True) - 1.0
 
 
 @dataclass(frozen=True)
@@ -126,7 +132,7 @@ def k_bins(side, n_bins=DEFAULT_BINS, device="cpu"):
     index = torch.bucketize(k, padded)  # 1..n_bins inside, 0 or n_bins + 1 outside
     member = index[None, :] == torch.arange(1, n_bins + 1, device=device)[:, None]
     weights = member.double() * multiplicity
-    weights /= weights.sum(dim=1, keepdim=True)
+    weights /= weights.sum(dim=1, keepdim=True).clamp_min(1.0)  # an empty bin (too many bins for the side) stays 0
     return KBins(side, weights @ k, edges, weights)
 
 
@@ -136,21 +142,20 @@ def binned_power(field_a, field_b=None, bins=None):
     P(k) = Re(a_k conj(b_k)) / N with N = S^3 voxels, i.e. in units of the cell volume, the usual
     convention in which white noise of variance s^2 has P = s^2.
     """
-    side = field_a.shape[-1]
-    bins = bins or k_bins(side, device=field_a.device)
-    a = torch.fft.rfftn(field_a.float(), dim=(-3, -2, -1)).flatten(start_dim=1)
-    if field_b is None:
-        power = a.real.square() + a.imag.square()
-    else:
-        b = torch.fft.rfftn(field_b.float(), dim=(-3, -2, -1)).flatten(start_dim=1)
-        power = a.real * b.real + a.imag * b.imag
-    return (power.double() @ bins.weights.T) / field_a[0].numel()
+    bins = bins or _bins_for(field_a, DEFAULT_BINS)
+    a = _modes(field_a)
+    b = a if field_b is None else _modes(field_b)
+    return _binned(a, b, bins)
 
 
-def power_spectrum(log_density, n_bins=DEFAULT_BINS):
-    """(k centres, P(k) per sample) of the gas overdensity of a (B, S, S, S) log-density batch."""
-    bins = _bins_for(log_density, n_bins)
-    return bins.centres, binned_power(overdensity(log_density), bins=bins)
+def _modes(field):
+    """The rfftn modes of a (B, S, S, S) field, flattened to (B, modes), complex64."""
+    return torch.fft.rfftn(field.float(), dim=(-3, -2, -1)).flatten(start_dim=1)
+
+
+def _binned(a, b, bins):
+    cross = a.real * b.real + a.imag * b.imag  # Re(a conj(b)), in float32 like the FFT
+    return (cross.double() @ bins.weights.T) / bins.side**3
 
 
 def power_ratio(prediction, target, n_bins=DEFAULT_BINS):
@@ -218,7 +223,7 @@ class ValidationMetrics:
         if self.bins is None:
             self.bins = bins
             self.sums = self._zeros(target.device)
-        elif bins is not self.bins:
+        elif bins.side != self.bins.side:
             raise ValueError(f"every batch of a validation pass must have the crop side {self.bins.side}, "
                              f"got {target.shape[-1]}")
 
@@ -227,16 +232,15 @@ class ValidationMetrics:
         sums["l1"] += _l1_sums(prediction, target)
         sums["voxels"] += batch * target[0, 0].numel()
 
-        r = pearson_per_sample(prediction, target, channels=range(len(CORRELATED_FIELDS)))
-        defined = ~torch.isnan(r) | torch.isnan(prediction[:, :2].sum(dim=(2, 3, 4)))  # a NaN prediction counts
+        r, defined = _pearson(prediction, target, list(range(len(CORRELATED_FIELDS))))
         sums["correlation"] += torch.where(defined, r, torch.zeros_like(r)).sum(dim=0)
         sums["correlated_samples"] += defined.sum(dim=0)
 
-        delta_pred = overdensity(prediction[:, DENSITY_CHANNEL])
-        delta_true = overdensity(target[:, DENSITY_CHANNEL])
-        sums["power_true"] += binned_power(delta_true, bins=bins).sum(dim=0)
-        sums["power_predicted"] += binned_power(delta_pred, bins=bins).sum(dim=0)
-        sums["power_cross"] += binned_power(delta_pred, delta_true, bins=bins).sum(dim=0)
+        modes_pred = _modes(overdensity(prediction[:, DENSITY_CHANNEL]))
+        modes_true = _modes(overdensity(target[:, DENSITY_CHANNEL]))
+        sums["power_true"] += _binned(modes_true, modes_true, bins).sum(dim=0)
+        sums["power_predicted"] += _binned(modes_pred, modes_pred, bins).sum(dim=0)
+        sums["power_cross"] += _binned(modes_pred, modes_true, bins).sum(dim=0)
         sums["samples"] += batch
 
     def compute(self, reduce_fn=None):
@@ -251,16 +255,17 @@ class ValidationMetrics:
         flat = torch.cat([value.reshape(-1) for value in self.sums.values()])
         if reduce_fn is not None:
             flat = reduce_fn(flat)
-        values = flat.tolist()  # the host waits for the device here, once
+        values = torch.cat([flat, self.bins.centres]).tolist()  # the host waits for the device here, once
         sums, start = {}, 0
         for name, tensor in self.sums.items():
             sums[name] = np.array(values[start:start + tensor.numel()])
             start += tensor.numel()
 
-        self.spectra = Spectra(self.bins.centres.cpu().numpy(), *(sums[name] / sums["samples"] for name in
-                                                                   ("power_true", "power_predicted", "power_cross")))
+        samples = sums["samples"]
+        self.spectra = Spectra(k=np.array(values[start:]), true=sums["power_true"] / samples,
+                               predicted=sums["power_predicted"] / samples, cross=sums["power_cross"] / samples)
         results = {f"L1_{name}": l1 for name, l1 in zip(FIELD_NAMES, sums["l1"] / sums["voxels"])}
-        # A NaN count guard: 0 / 0 (no sample with a defined correlation) reports NaN, not an error.
+        # 0 / 0 (no sample whose truth varies, or an empty k bin) reports NaN rather than failing.
         with np.errstate(invalid="ignore", divide="ignore"):
             correlation = sums["correlation"] / sums["correlated_samples"]
             ratio, coefficient = self.spectra.ratio, self.spectra.correlation
@@ -298,6 +303,7 @@ def power_spectrum_figure(spectra, title=""):
 
     matplotlib.use("Agg")  # no display needed; safe in batch jobs
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, (ax_power, ax_ratio, ax_r) = plt.subplots(3, 1, sharex=True, figsize=(5.6, 6.4), dpi=80,
                                                    gridspec_kw={"height_ratios": (2, 1, 1)})
@@ -321,6 +327,9 @@ def power_spectrum_figure(spectra, title=""):
     ax_r.set_ylim(min(0.0, float(np.nanmin(coefficient, initial=0.0))) - 0.05, 1.05)
     ax_r.set_ylabel("r(k)")
     ax_r.set_xlabel("k [rad / cell]")
+    # Label the bins themselves: log-axis minor labels would overlap on a span of one decade.
+    ax_r.set_xticks(spectra.k, labels=[f"{k:.2g}" for k in spectra.k])
+    ax_r.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     fig.tight_layout()
     fig.canvas.draw()
     image = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
