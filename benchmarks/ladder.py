@@ -1,0 +1,188 @@
+"""The single-GPU optimisation ladder, measured side by side in one run.
+
+    python -m benchmarks.ladder                      # the GPU suite: batch 64, crop 64, full-scale U-Net
+    python -m benchmarks.ladder --preset cpu         # the loader rungs on a CPU: crop 32, batch 8
+
+Each rung is the tutorial's training step with a few more options switched on (the same builders
+as train.py, so it measures exactly what `python train.py ...` runs), timed with the benchy method:
+IO (the loader alone), SYNTHETIC (one cached batch: compute alone) and FULL (real training), in
+samples/s, with the model FLOP utilisation and the peak GPU memory. The results go to
+``benchmarks/results/<device>-<date>.json`` (``device``, ``torch``, ``cuda``, ``date``,
+``command``, ``runs``: a list of ``{name, full, synthetic, io, mfu, peak_mem_gb}``), a markdown table
+beside it, and the raw log. Ratios between rungs are only meaningful within one such file.
+
+The data set is the synthetic one (a 256^3 training box on a GPU), made first if it is missing.
+"""
+import argparse
+import datetime
+import functools
+import importlib.util
+import json
+import logging
+import os
+import socket
+import sys
+
+import torch
+
+import train
+from utils import get_data_loader_distributed
+from utils.YParams import load_params
+from utils.benchmark import precision_of, resolve_peak_flops, run_trials, unet_flops_per_sample
+from utils.distributed import World, parallelize
+from utils.losses import build_loss
+from utils.optim import Precision, build_optimizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (name, train.py options, script): each rung adds to the tutorial's single-GPU settings.
+GPU_RUNGS = [
+    ("baseline: lowmem, 2 workers", ["--data_loader_config=lowmem", "--num_data_workers=2"], "train.py"),
+    ("lowmem, 8 workers", ["--data_loader_config=lowmem", "--num_data_workers=8"], "train.py"),
+    ("gpu-inmem", ["--data_loader_config=gpu-inmem"], "train.py"),
+    ("gpu-inmem + AMP bf16", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16"], "train.py"),
+    ("gpu-inmem + AMP fp16", ["--data_loader_config=gpu-inmem", "--amp_mode=fp16"], "train.py"),
+    ("+ fused Adam (bf16)", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--enable_fused"], "train.py"),
+    ("+ channels_last (bf16, fused)", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--enable_fused",
+                                       "--channels_last"], "train.py"),
+    ("+ TorchScript loss (bf16, fused)", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--enable_fused",
+                                          "--enable_jit"], "train.py"),
+    ("+ torch.compile (bf16, fused)", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--enable_fused",
+                                       "--jit_mode=compile"], "train.py"),
+    ("+ CUDA graph (bf16, fused)", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16"], "train_graph.py"),
+    ("batch 8: gpu-inmem bf16 fused", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--enable_fused",
+                                       "--global_batch_size=8"], "train.py"),
+    ("batch 8: + CUDA graph", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--global_batch_size=8"],
+     "train_graph.py"),
+]
+DALI_RUNGS = [
+    ("DALI (bf16, fused)", ["--data_loader_config=dali-lowmem", "--num_data_workers=8", "--amp_mode=bf16",
+                            "--enable_fused"], "train.py"),
+]
+# The loader comparison of the tutorial's CPU section: crop 32, batch 8, a width-16 U-Net.
+CPU_RUNGS = [
+    ("original lowmem semantics, 2 workers", ["--data_loader_config=lowmem", "--num_data_workers=2"], "train.py"),
+    ("inmem, 2 workers", ["--data_loader_config=inmem", "--num_data_workers=2"], "train.py"),
+    ("gpu-inmem on CPU tensors", ["--data_loader_config=gpu-inmem"], "train.py"),
+]
+PRESETS = {
+    "gpu": {"options": ["--config=base"], "box": 256},
+    "cpu": {"options": ["--config=demo", "--global_batch_size=8"], "box": 128},
+}
+
+
+def make_data(data_dir, box):
+    """The synthetic data set (with the .npy copies DALI reads), made once."""
+    from utils import generate_data
+
+    train_path = os.path.join(data_dir, "synthetic_train.h5")
+    if not os.path.exists(train_path):
+        generate_data.main(["--out_dir", data_dir, "--train_size", str(box), "--val_size", str(box // 2)])
+    return train_path, os.path.join(data_dir, "synthetic_valid.h5")
+
+
+def measure_rung(options, script, args, device):
+    """Build what `python <script> <options>` would train and time it; returns the trial summary."""
+    _, params = load_params(options)
+    params.update({"world_size": 1})
+    train_loader, _ = get_data_loader_distributed(params, 0, device)
+    graph = script == "train_graph.py"
+    torch.manual_seed(params.seed)
+    model = parallelize(train.build_model(params, device), params, World(), device)
+    optimizer = build_optimizer(params, model, capturable=graph)
+    precision = Precision(params.amp_mode, device, cache=not graph)
+    model = train.compile_model(model, params)
+    if graph:
+        from train_graph import make_graph_step
+        step_fn = make_graph_step(model, optimizer, build_loss(params), precision, params)
+    else:
+        step_fn = train.default_step(model, optimizer, build_loss(params), precision, params)
+    move = functools.partial(train.to_device, device=device, memory_format=train.memory_format(params))
+    peak, _ = resolve_peak_flops(device, precision_of(params.amp_mode, params.tf32))
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    return run_trials(lambda x, y: step_fn(move(x), move(y)), train_loader, device,
+                      nbatches=args.nbatches, ntrials=args.ntrials, nwarmup=args.nwarmup,
+                      batch_size=params.global_batch_size, flops_per_sample=unet_flops_per_sample(params),
+                      peak_flops=peak)
+
+
+def markdown_table(report):
+    lines = [f"Measured by `{report['command']}` on {report['device']} (torch {report['torch']}, "
+             f"CUDA {report['cuda']}), {report['date']}. Samples/s; MFU of SYNTHETIC and FULL.", "",
+             "| rung | FULL | SYNTHETIC | IO | MFU (synthetic) | MFU (full) | peak memory (GB) |",
+             "|---|---|---|---|---|---|---|"]
+
+    def number(value, digits=1):
+        return "n/a" if value is None else f"{value:.{digits}f}"
+
+    for run in report["runs"]:
+        if "error" in run:
+            lines.append(f"| {run['name']} | failed: {run['error']} | | | | | |")
+            continue
+        mfu = run["mfu"] or {}
+        lines.append(f"| {run['name']} | {number(run['full'])} | {number(run['synthetic'])} | {number(run['io'])} "
+                     f"| {number(mfu.get('synthetic'), 3)} | {number(mfu.get('full'), 3)} "
+                     f"| {number(run['peak_mem_gb'], 2)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="gpu")
+    parser.add_argument("--data_dir", default=os.path.join(ROOT, "data", "benchmark"))
+    parser.add_argument("--out_dir", default=os.path.join(ROOT, "benchmarks", "results"))
+    parser.add_argument("--nbatches", type=int, default=20, help="batches per trial")
+    parser.add_argument("--ntrials", type=int, default=3)
+    parser.add_argument("--nwarmup", type=int, default=1)
+    parser.add_argument("--only", default="", help="run only rungs whose name contains this text")
+    args = parser.parse_args(argv)
+
+    preset = PRESETS[args.preset]
+    device = torch.device("cuda" if args.preset == "gpu" else "cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("error: the gpu preset needs a CUDA GPU; use --preset cpu on this machine.")
+    rungs = CPU_RUNGS if args.preset == "cpu" else GPU_RUNGS + (
+        DALI_RUNGS if importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali") else [])
+    rungs = [rung for rung in rungs if args.only in rung[0]]
+
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({socket.gethostname()})"
+    stamp = datetime.datetime.now(datetime.timezone.utc)
+    slug = "".join(c if c.isalnum() else "-" for c in device_name).strip("-").lower()
+    os.makedirs(args.out_dir, exist_ok=True)
+    base = os.path.join(args.out_dir, f"{slug}-{stamp:%Y-%m-%d}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(message)s",
+                        handlers=[logging.StreamHandler(sys.stdout), logging.FileHandler(base + ".log")])
+
+    train_path, val_path = make_data(args.data_dir, preset["box"])
+    common = [*preset["options"], f"--train_path={train_path}", f"--val_path={val_path}",
+              f"--device={device.type}", "--checkpoint=false"]
+    report = {"device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
+              "date": stamp.isoformat(timespec="seconds"), "command": "python -m benchmarks.ladder "
+              + " ".join(sys.argv[1:] if argv is None else argv), "runs": []}
+    for name, options, script in rungs:
+        logging.info("=== %s: %s %s", name, script, " ".join(options))
+        try:
+            summary = measure_rung(common + options, script, args, device)
+        except Exception as error:  # one broken rung must not lose the others' numbers
+            logging.exception("rung %r failed", name)
+            report["runs"].append({"name": name, "script": script, "options": options, "error": str(error)[:200]})
+            continue
+        run = {"name": name, "script": script, "options": options, "full": summary["full"],
+               "synthetic": summary["synthetic"], "io": summary["io"], "mfu": summary["mfu"],
+               "peak_mem_gb": summary["peak_mem_gb"]}
+        report["runs"].append(run)
+        logging.info("%s", json.dumps(run))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    with open(base + ".json", "w") as f:
+        json.dump(report, f, indent=2)
+    with open(base + ".md", "w") as f:
+        f.write(markdown_table(report))
+    print(markdown_table(report))
+    print(f"Results: {base}.json, {base}.md, {base}.log")
+
+
+if __name__ == "__main__":
+    main()

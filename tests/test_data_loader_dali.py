@@ -1,0 +1,156 @@
+"""The dali-lowmem loader, in DALI's CPU-only mode: a real pipeline on real .npy files, no mocks.
+
+Its samples must be the native loader's, bit for bit: same crops, same symmetry elements, the
+vector channels turned the same way.
+"""
+import importlib.util
+import shutil
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from utils import get_data_loader_distributed, symmetry
+from utils.YParams import YParams
+from utils.convert_h5_to_npy import convert
+from utils.data_loader import CropSampler, InMemoryDataset, build_dataset
+from utils.data_loader_dali import DaliCropLoader, npy_paths
+from utils.errors import UserError
+
+
+def dali_installed():
+    try:
+        return importlib.util.find_spec("nvidia.dali") is not None
+    except ModuleNotFoundError:  # no nvidia namespace at all
+        return False
+
+
+needs_dali = pytest.mark.skipif(not dali_installed(), reason="needs nvidia-dali (requirements-dali.txt)")
+
+
+@pytest.fixture(scope="module")
+def h5_with_npy(data_files, tmp_path_factory):
+    """Copies of the train (side 48) and validation (side 32) files, each with its <name>_npy/ beside it."""
+    directory = tmp_path_factory.mktemp("dali")
+    paths = {}
+    for name, source in data_files.items():
+        paths[name] = str(directory / f"{name}.h5")
+        shutil.copy(source, paths[name])
+        convert(paths[name])  # the default folder, <name>_npy/, which the loader finds by itself
+    return paths
+
+
+def make_params(files, **changes):
+    params = YParams("config/UNet.yaml", "test")
+    params.update({"train_path": files["train"], "val_path": files["valid"], "world_size": 1,
+                   "data_loader_config": "dali-lowmem", "num_data_workers": 2, **changes})
+    return params
+
+
+def epoch_batches(loader, epoch, start=0):
+    loader.sampler.set_epoch(epoch, start=start)
+    return list(loader)
+
+
+def assert_bits_equal(actual, expected):
+    """Bit for bit (the sign of a zero included: the generated data has no exact zeros)."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype == np.float32
+    np.testing.assert_array_equal(actual.view(np.uint32), expected.view(np.uint32))
+
+
+class EveryElement(InMemoryDataset):
+    """The native dataset, except that sample ``index`` gets element ``index % 48``."""
+
+    def draw(self, key):
+        corner, _ = super().draw(key)
+        return corner, symmetry.ELEMENTS[key[1] % len(symmetry.ELEMENTS)]
+
+
+@needs_dali
+def test_every_element_matches_the_native_augmentation_bit_for_bit(h5_with_npy):
+    params = make_params(h5_with_npy, Nsamples=48, global_batch_size=16)
+    reference = EveryElement(params, h5_with_npy["train"], 48, split=0, box_side=48, augment=True)
+    groups = [(4, reference.nbody_vectors), (5, reference.hydro_vectors)]
+    loader = DaliCropLoader(npy_paths(params, 0), groups, reference, CropSampler(48, 1, 0), batch_size=16,
+                            drop_last=True, device_id=None, num_threads=2, seed=0)
+    samples = [pair for inputs, targets in epoch_batches(loader, 0) for pair in zip(inputs, targets)]
+    assert len(samples) == 48
+    for index, (x, y) in enumerate(samples):
+        nbody, hydro = reference[(0, index)]  # read_crop + apply_numpy, the native path
+        assert (nbody != 0).all() and (hydro != 0).all()  # see assert_bits_equal
+        assert_bits_equal(x.numpy(), nbody.numpy())
+        assert_bits_equal(y.numpy(), hydro.numpy())
+
+
+@needs_dali
+def test_batches_equal_the_native_loaders_epoch_after_epoch(h5_with_npy):
+    # Crop 16 so that validation crops vary too (the validation box has side 32); 6 validation
+    # samples in batches of 4 leave a partial batch.
+    changes = {"crop_size": 16, "Nsamples_val": 6}
+    dali = get_data_loader_distributed(make_params(h5_with_npy, **changes), 0, None)
+    native_params = make_params(h5_with_npy, data_loader_config="inmem", **changes)
+    native = get_data_loader_distributed(native_params, 0, None)
+    for which in (0, 1):  # training, then validation
+        assert len(dali[which]) == len(native[which]) and dali[which].batch_size == native[which].batch_size
+        for epoch in (0, 1, 2):  # the pipeline is reused from one epoch to the next
+            ours, theirs = epoch_batches(dali[which], epoch), epoch_batches(native[which], epoch)
+            sizes = [4, 4, 4, 4] if which == 0 else [4, 2]
+            assert [len(x) for x, _ in ours] == [len(x) for x, _ in theirs] == sizes
+            for (a, b), (c, d) in zip(ours, theirs):
+                assert_bits_equal(a.numpy(), c.numpy())
+                assert_bits_equal(b.numpy(), d.numpy())
+
+
+@needs_dali
+def test_shapes_dtype_and_validation_without_augmentation(h5_with_npy):
+    train_loader, val_loader = get_data_loader_distributed(make_params(h5_with_npy), 0, torch.device("cpu"))
+    inputs, targets = epoch_batches(train_loader, 0)[0]
+    assert inputs.shape == (4, 4, 32, 32, 32) and targets.shape == (4, 5, 32, 32, 32)
+    assert inputs.dtype == targets.dtype == torch.float32 and inputs.device.type == "cpu"
+    # Validation: the whole 32^3 box, untransformed, every time.
+    reference = build_dataset(make_params(h5_with_npy, data_loader_config="inmem"), h5_with_npy["valid"], 8,
+                              split=1, augment=False)
+    nbody, hydro = (torch.from_numpy(a) for a in (reference.nbody, reference.hydro))
+    for epoch in (0, 3):
+        for inputs, targets in epoch_batches(val_loader, epoch):
+            for x, y in zip(inputs, targets):
+                assert torch.equal(x, nbody) and torch.equal(y, hydro)
+
+
+@needs_dali
+def test_resume_and_ranks(h5_with_npy):
+    full, _ = get_data_loader_distributed(make_params(h5_with_npy), 0, None)
+    batches = epoch_batches(full, 5)
+    resumed = epoch_batches(full, 5, start=8)  # rebuilds the pipeline at sample 8 of epoch 5
+    assert len(full) == len(resumed) == 2
+    for (a, b), (c, d) in zip(batches[2:], resumed):
+        assert torch.equal(a, c) and torch.equal(b, d)
+    params = make_params(h5_with_npy, world_size=2)
+    ranks = [get_data_loader_distributed(params, rank, None)[0] for rank in (0, 1)]
+    assert [len(loader) for loader in ranks] == [4, 4] and ranks[0].batch_size == 2
+    assert not torch.equal(epoch_batches(ranks[0], 0)[0][0], epoch_batches(ranks[1], 0)[0][0])
+
+
+@needs_dali
+def test_missing_npy_files_name_the_converter_command(data_files, tmp_path):
+    h5_path = tmp_path / "alone.h5"
+    shutil.copy(data_files["train"], h5_path)
+    with pytest.raises(UserError) as error:
+        get_data_loader_distributed(make_params({"train": str(h5_path), "valid": str(h5_path)}), 0, None)
+    message = " ".join(str(error.value).split())
+    assert f"python -m utils.convert_h5_to_npy -i {h5_path} -d Nbody -l Hydro" in message
+    assert str(tmp_path / "alone_npy" / "data.npy") in message
+
+
+@needs_dali
+def test_crop_larger_than_the_box_is_a_user_error(h5_with_npy):
+    with pytest.raises(UserError, match="crop_size=64 is larger than the box side 48"):
+        get_data_loader_distributed(make_params(h5_with_npy, crop_size=64), 0, None)
+
+
+def test_missing_dali_says_how_to_install_it(data_files, monkeypatch):
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # what `import nvidia.dali` sees without DALI
+    with pytest.raises(UserError, match=r"pip install -r requirements-dali\.txt"):
+        get_data_loader_distributed(make_params(data_files), 0, None)

@@ -1,0 +1,195 @@
+"""The gpu-inmem loader: the native loader's samples bit for bit, shapes, resume, ranks, no host sync.
+
+Runs on the CPU (the loader takes the device it is given); the synchronisation check also runs on
+CUDA when there is a GPU.
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from utils import get_data_loader_distributed, symmetry
+from utils.YParams import YParams
+from utils.data_loader import build_dataset
+from utils.data_loader_gpu import DeviceCropLoader, crop_and_augment, upload_volume
+from utils.errors import UserError
+
+VECTORS = [(1, 2, 3), (4 + 2, 4 + 3, 4 + 4)]  # nbody's and hydro's velocities in the 9-channel volume
+
+
+def make_params(data_files, **changes):
+    params = YParams("config/UNet.yaml", "test")
+    params.update({"train_path": data_files["train"], "val_path": data_files["valid"], "world_size": 1,
+                   "data_loader_config": "gpu-inmem", **changes})
+    return params
+
+
+def epoch_batches(loader, epoch, start=0):
+    loader.sampler.set_epoch(epoch, start=start)
+    return list(loader)
+
+
+def native_sample(dataset, corner, element):
+    """What the native loader makes of a crop: read_crop, then apply_numpy, input and target."""
+    nbody, hydro = dataset.read_crop(corner)
+    return (symmetry.apply_numpy(nbody, element, dataset.nbody_vectors),
+            symmetry.apply_numpy(hydro, element, dataset.hydro_vectors))
+
+
+def assert_bits_equal(actual, expected):
+    """Bit for bit, so that even the sign of a zero counts."""
+    np.testing.assert_array_equal(np.asarray(actual).view(np.uint32), np.asarray(expected).view(np.uint32))
+
+
+@pytest.fixture(scope="module")
+def native_train(data_files):
+    """The native in-memory dataset of the training file: the reference."""
+    return build_dataset(make_params(data_files, data_loader_config="inmem"), data_files["train"], 48,
+                         split=0, augment=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_every_element_matches_the_native_loader_bit_for_bit(data_files, native_train, dtype):
+    # The native loader's corners for 48 samples, and each of the 48 elements once.
+    corners = np.stack([native_train.draw((0, index))[0] for index in range(48)])
+    volume = upload_volume(data_files["train"], torch.device("cpu"), dtype)
+    batch = crop_and_augment(volume, torch.from_numpy(corners), torch.arange(48), 32, VECTORS)
+    assert batch.shape == (48, 9, 32, 32, 32) and batch.dtype == torch.float32
+    for index, element in enumerate(symmetry.ELEMENTS):
+        nbody, hydro = native_sample(native_train, corners[index], element)
+        if dtype != torch.float32:  # stored rounded: the native result rounded the same way
+            nbody, hydro = (torch.from_numpy(a).to(dtype).float().numpy() for a in (nbody, hydro))
+        assert_bits_equal(batch[index, :4].numpy(), nbody)
+        assert_bits_equal(batch[index, 4:].numpy(), hydro)
+
+
+def test_loader_batches_are_the_drawn_crops_of_the_native_loader(data_files, native_train):
+    train_loader, _ = get_data_loader_distributed(make_params(data_files), 0, None)
+    assert isinstance(train_loader, DeviceCropLoader)
+    train_loader.sampler.set_epoch(3)
+    corners, elements = train_loader.sampler.draws()
+    index = 0
+    for inputs, targets in train_loader:
+        for x, y in zip(inputs, targets):
+            nbody, hydro = native_sample(native_train, corners[index].numpy(),
+                                         symmetry.ELEMENTS[int(elements[index])])
+            assert_bits_equal(x.numpy(), nbody)
+            assert_bits_equal(y.numpy(), hydro)
+            index += 1
+    assert index == 16 and len(set(elements.tolist())) > 1  # a whole epoch, augmented
+
+
+def test_shapes_lengths_and_batch_size(data_files):
+    params = make_params(data_files, Nsamples_val=6)
+    train_loader, val_loader = get_data_loader_distributed(params, 0, torch.device("cpu"))
+    assert train_loader.batch_size == val_loader.batch_size == 4
+    assert len(train_loader) == 16 // 4 and len(val_loader) == math.ceil(6 / 4)
+    train = epoch_batches(train_loader, 0)
+    val = epoch_batches(val_loader, 0)
+    assert len(train) == len(train_loader) and len(val) == len(val_loader)
+    for inputs, targets in train:
+        assert inputs.shape == (4, 4, 32, 32, 32) and targets.shape == (4, 5, 32, 32, 32)
+        assert inputs.dtype == targets.dtype == torch.float32 and inputs.device.type == "cpu"
+        assert inputs.is_contiguous() and targets.is_contiguous()
+    assert [len(inputs) for inputs, _ in val] == [4, 2]  # validation keeps the partial batch
+
+
+def test_bfloat16_storage_returns_float32_batches_of_rounded_values(data_files):
+    loaders = [get_data_loader_distributed(make_params(data_files, gpu_inmem_dtype=dtype), 0, None)[0]
+               for dtype in ("float32", "bfloat16")]
+    assert loaders[1].volume.dtype == torch.bfloat16
+    (x32, y32), (x16, y16) = (epoch_batches(loader, 0)[0] for loader in loaders)
+    assert x16.dtype == y16.dtype == torch.float32
+    assert torch.equal(x16, x32.bfloat16().float()) and torch.equal(y16, y32.bfloat16().float())
+
+
+def test_set_epoch_with_start_resumes_exactly(data_files):
+    train_loader, _ = get_data_loader_distributed(make_params(data_files), 0, None)
+    full = epoch_batches(train_loader, 2)
+    resumed = epoch_batches(train_loader, 2, start=8)
+    assert len(train_loader) == 2 and len(resumed) == 2
+    for (a, b), (c, d) in zip(full[2:], resumed):
+        assert torch.equal(a, c) and torch.equal(b, d)
+    # A new loader (a restarted process) draws the same epoch.
+    again, _ = get_data_loader_distributed(make_params(data_files), 0, None)
+    assert torch.equal(epoch_batches(again, 2, start=8)[0][0], resumed[0][0])
+
+
+def test_epochs_and_seeds_change_the_crops_validation_does_not(data_files):
+    train_loader, val_loader = get_data_loader_distributed(make_params(data_files), 0, None)
+    assert not torch.equal(epoch_batches(train_loader, 0)[0][0], epoch_batches(train_loader, 1)[0][0])
+    first, later = epoch_batches(val_loader, 0), epoch_batches(val_loader, 7)
+    for (a, b), (c, d) in zip(first, later):
+        assert torch.equal(a, c) and torch.equal(b, d)
+    other_seed, _ = get_data_loader_distributed(make_params(data_files, seed=1), 0, None)
+    assert not torch.equal(epoch_batches(train_loader, 0)[0][0], epoch_batches(other_seed, 0)[0][0])
+
+
+def test_ranks_draw_different_crops_and_split_the_epoch(data_files):
+    # Crop 16: the validation box (side 32) has a single position for a crop of 32.
+    params = make_params(data_files, world_size=2, crop_size=16)
+    loaders = [get_data_loader_distributed(params, rank, None) for rank in (0, 1)]
+    assert [train.batch_size for train, _ in loaders] == [2, 2]
+    assert [len(train) for train, _ in loaders] == [4, 4]  # 16 samples / (2 ranks x 2)
+    for which in (0, 1):  # training and validation
+        a, b = (epoch_batches(pair[which], 0)[0][0] for pair in loaders)
+        assert not torch.equal(a, b)
+
+
+def test_validation_is_not_augmented(data_files):
+    params = make_params(data_files, data_loader_config="inmem")
+    native = build_dataset(params, data_files["valid"], 8, split=1, augment=False)
+    _, val_loader = get_data_loader_distributed(make_params(data_files), 0, None)
+    corners, elements = val_loader.sampler.draws()
+    assert not elements.any()  # the identity, always
+    inputs, targets = next(iter(val_loader))
+    nbody, hydro = native_sample(native, corners[0].numpy(), symmetry.IDENTITY)
+    assert_bits_equal(inputs[0].numpy(), nbody)
+    assert_bits_equal(targets[0].numpy(), hydro)
+
+
+def test_crop_larger_than_the_box_is_a_user_error(data_files):
+    with pytest.raises(UserError, match="crop_size=64 is larger than the box side"):
+        get_data_loader_distributed(make_params(data_files, crop_size=64), 0, None)
+
+
+# Tensor methods and torch functions that make the host wait for the device, or copy to the host.
+SYNCHRONISING = {"item", "cpu", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__",
+                 "nonzero", "any", "all", "equal", "unique", "masked_select", "to"}
+
+
+class RecordTorchCalls(torch.overrides.TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.add(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_iterating_calls_nothing_that_synchronises(data_files):
+    # On the CPU nothing can be measured, but every torch call can be seen: none may be one that
+    # would wait for a GPU (the CUDA test below checks the same thing on the device itself).
+    train_loader, val_loader = get_data_loader_distributed(make_params(data_files, augment="full"), 0, None)
+    for loader in (train_loader, val_loader):
+        loader.sampler.set_epoch(1)
+        with RecordTorchCalls() as record:
+            batches = list(loader)
+        assert batches and not record.names & SYNCHRONISING, record.names & SYNCHRONISING
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_no_host_synchronisation_on_cuda(data_files):
+    device = torch.device("cuda", torch.cuda.current_device())
+    train_loader, val_loader = get_data_loader_distributed(make_params(data_files), 0, device)
+    for loader in (train_loader, val_loader):
+        loader.sampler.set_epoch(1)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            batches = list(loader)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert batches[0][0].device == device

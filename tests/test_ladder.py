@@ -1,0 +1,25 @@
+"""benchmarks/ladder.py: runs its rungs with train.py's own builders and writes the result files."""
+import json
+
+import pytest
+
+from benchmarks import ladder
+
+pytestmark = pytest.mark.slow
+
+
+def test_cpu_preset_writes_json_markdown_and_log(tmp_path, data_files):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    for name in ("train", "valid"):  # the fixture's small files, under the names the suite looks for
+        (data_dir / f"synthetic_{name}.h5").symlink_to(data_files[name])
+    ladder.main(["--preset", "cpu", "--only", "gpu-inmem", "--nbatches", "2", "--ntrials", "1", "--nwarmup", "1",
+                 "--data_dir", str(data_dir), "--out_dir", str(tmp_path / "out")])
+    [json_path] = (tmp_path / "out").glob("*.json")
+    report = json.loads(json_path.read_text())
+    assert {"device", "torch", "cuda", "date", "command", "runs"} <= set(report)
+    [run] = report["runs"]
+    assert run["name"] == "gpu-inmem on CPU tensors" and "error" not in run
+    assert all(run[key] > 0 for key in ("full", "synthetic", "io"))
+    assert "| gpu-inmem on CPU tensors |" in json_path.with_suffix(".md").read_text()
+    assert json_path.with_suffix(".log").exists()
