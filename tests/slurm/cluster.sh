@@ -14,7 +14,8 @@
 #   tests/slurm/cluster.sh start /tmp/slurm-test
 #   export SLURM_CONF=/tmp/slurm-test/slurm.conf
 #   CONTAINER=none DATA_DIR=$PWD/data TRAIN_FILE=synthetic_train.h5 VAL_FILE=synthetic_valid.h5 LOG_DIR=$PWD/runs \
-#       sbatch -n 2 --cpus-per-task=1 --constraint= --gpus-per-node=0 ./submit_pm.sh --config=test --device=cpu
+#       sbatch -n 2 --ntasks-per-node=2 --cpus-per-task=1 --gpus-per-node=0 --constraint= \
+#           ./submit_pm.sh --config=test --device=cpu
 #   tests/slurm/cluster.sh stop /tmp/slurm-test
 set -euo pipefail
 
@@ -129,12 +130,20 @@ cmd_stop() {
     export SLURM_CONF=$dir/slurm.conf
     local ctld_pid
     ctld_pid=$(tr -dc '0-9' <"$dir/slurmctld.pid" 2>/dev/null || true)
-    # Cancel this cluster's jobs first, so that no job step outlives its slurmd.
+    # Cancel this cluster's jobs first (pending ones too), so that no job step outlives its slurmd.
     if pid_alive "$ctld_pid" && [ -f "$SLURM_CONF" ]; then
-        scancel --full --quiet --signal=KILL --state=RUNNING 2>/dev/null || true
-        scancel --quiet 2>/dev/null || true
-        wait_for 30 bash -c '[ -z "$(squeue -h -t RUNNING,COMPLETING,PENDING -o %i)" ]' \
-            || echo "cluster.sh: jobs still listed after 30 s: $(squeue -h 2>&1)" >&2
+        local ids deadline=$((SECONDS + 30))
+        while ids=$(squeue -h -o %i 2>/dev/null) && [ -n "$ids" ]; do
+            if [ "$SECONDS" -ge "$deadline" ]; then
+                echo "cluster.sh: jobs still listed after 30 s: $(squeue -h 2>&1)" >&2
+                break
+            fi
+            # shellcheck disable=SC2086  # one word per job id
+            scancel --quiet $ids 2>/dev/null || true
+            # shellcheck disable=SC2086
+            scancel --quiet --full --signal=KILL $ids 2>/dev/null || true
+            sleep 1
+        done
     fi
     stop_pid_file "$dir/slurmd.pid"
     stop_pid_file "$dir/slurmctld.pid"
@@ -145,5 +154,5 @@ case "${1:-}" in
     install) cmd_install ;;
     start) shift; cmd_start "$@" ;;
     stop) shift; cmd_stop "$@" ;;
-    *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 2 ;;
 esac
