@@ -1,6 +1,7 @@
 # make demo        set up, make the synthetic data set if missing, train the demo config (GPU if present)
 # make test        set up and run the whole test suite (what CI runs), the Slurm tests included
 # make test-slurm  only the tests that submit submit_pm.sh to a real single-node Slurm (run as root)
+# make figures     remake tutorial_images/ from the committed example_logs/
 # make data        only the synthetic data set;  make clean   remove the environment, data and runs
 
 PYTHON ?= python3
@@ -10,7 +11,7 @@ PY := $(VENV)/bin/python
 RUN_NUM ?= $(shell date +%Y%m%d-%H%M%S)
 DATA := data/synthetic_train.h5 data/synthetic_valid.h5
 
-.PHONY: demo test test-slurm data clean
+.PHONY: demo test test-slurm figures data clean
 
 demo: $(VENV)/.installed $(DATA)
 	$(PY) train.py --config=demo --run_num=$(RUN_NUM) $(ARGS)
@@ -20,6 +21,9 @@ test: $(VENV)/.installed-test
 
 test-slurm: $(VENV)/.installed-test
 	$(PY) -m pytest tests/test_slurm.py $(PYTEST_ARGS)
+
+figures: $(VENV)/.installed-test
+	$(PY) -m utils.figures
 
 data: $(DATA)
 
