@@ -388,7 +388,22 @@ class _Trial:
         raise StopIteration
 
 
-class BenchyLoader:
+class _LoaderWrapper:
+    """What both benchy wrappers share: the wrapped loader's other attributes, and when to stop."""
+
+    def __getattr__(self, name):
+        # Only called for attributes the wrapper lacks: sampler, dataset, ... of the wrapped loader.
+        if name == "loader":
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    @property
+    def stop_training(self):
+        """True once every trial has run and benchy's config says to end the run then."""
+        return self.trials_complete and self.config["global"]["exit_after_tests"]
+
+
+class BenchyLoader(_LoaderWrapper):
     """A training loader whose epochs are benchy's trials: the built-in benchy.
 
     Use it where the loader was used: ``len()``, ``batch_size``, ``sampler`` and other attributes
@@ -423,16 +438,6 @@ class BenchyLoader:
 
     def __len__(self):
         return epoch_length(self.config, self._plan, self._next_trial, len(self.loader))
-
-    def __getattr__(self, name):
-        # Only called for attributes this object lacks: sampler, dataset, ... of the wrapped loader.
-        if name == "loader":
-            raise AttributeError(name)
-        return getattr(self.loader, name)
-
-    @property
-    def stop_training(self):
-        return self.trials_complete and self.config["global"]["exit_after_tests"]
 
     def __iter__(self):
         self.run_io_trials()
@@ -604,7 +609,7 @@ def write_json(path, results, verbose=True):
 
 # ----------------------------------------------------------------------------- the GitHub benchy
 
-class _GitHubBenchyLoader:
+class _GitHubBenchyLoader(_LoaderWrapper):
     """The GitHub benchy's ``BenchmarkGenericIteratorWrapper``, with this project's end of run.
 
     benchy calls ``sys.exit()`` inside the loader once its trials are done, which would skip the
@@ -654,15 +659,6 @@ class _GitHubBenchyLoader:
         # benchy's own wrapper reports the loader's length; a SYNTHETIC epoch yields one batch more.
         next_trial = len(self._plan) - self._trials_left
         return epoch_length(self.config, self._plan, next_trial, len(self.loader))
-
-    def __getattr__(self, name):
-        if name == "loader":
-            raise AttributeError(name)
-        return getattr(self.loader, name)
-
-    @property
-    def stop_training(self):
-        return self.trials_complete and self.config["global"]["exit_after_tests"]
 
     def __iter__(self):
         if self._trials_left > 0:
