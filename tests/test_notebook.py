@@ -5,6 +5,7 @@ on localhost and list that run; then Debian's Chromium, driven by Playwright thr
 utils/tensorboard_screenshot.py, must find the run's ``Loss/valid`` chart drawn on the scalars page.
 """
 import contextlib
+import gc
 import json
 import os
 import re
@@ -74,6 +75,10 @@ def running_notebook(kernel_specs, environment, timeout=180):
     finally:
         if run_sync(manager.is_alive)():  # a kernel manager passed in is the caller's to shut down
             run_sync(manager.shutdown_kernel)(now=True)
+        # Collect the kernel client now: left to the interpreter's exit, its destructor logs into
+        # closed streams and prints a traceback after pytest's summary.
+        del client, manager
+        gc.collect()
 
 
 def tensorboards_serving(logdir):
