@@ -312,7 +312,9 @@ def main(argv=None, make_step=None, graph_capture=False):
                 logging.info("Memory per rank: %s", describe_memory(memory))
                 for key, value in memory.items():
                     tensorboard.scalar(f"Memory/{key}_MiB", value / 2**20, position.step)
-            if stop.agreed():  # stopped in the middle of the epoch: save where it stands
+            # Stopped in the middle of the epoch: save where it stands. A signal during the epoch's last
+            # step does not count as mid-epoch: the epoch is whole, so it is validated and saved as such below.
+            if position.batch_in_epoch < steps_per_epoch and stop.agreed():
                 checkpoint()
                 exit_on_signal(stop, position, run_dir, world)
 

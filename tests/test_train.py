@@ -94,6 +94,50 @@ def test_interrupted_and_resumed_run_ends_like_an_uninterrupted_one(data_files, 
     assert final_val_loss(run_dir) == pytest.approx(whole, rel=1e-5, abs=1e-7)
 
 
+# Runs train.main with a step that sends SIGUSR1 (the batch system's time-limit warning) to its own
+# process during training step number SIGNAL_AT: a deterministic stand-in for a signal arriving anywhere.
+SIGNAL_DURING_STEP = """
+import functools, os, signal, sys
+import train
+
+def signalling_step(model, optimizer, loss_fn, precision, params):
+    step, calls = train.default_step(model, optimizer, loss_fn, precision, params), [0]
+    def run(inputs, targets):
+        calls[0] += 1
+        if calls[0] == int(os.environ["SIGNAL_AT"]):
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return step(inputs, targets)
+    return run
+
+train.main(sys.argv[1:], make_step=signalling_step)
+"""
+
+
+@pytest.mark.parametrize("nsamples, signal_at, saved", [
+    (16, 4, {"epoch": 1, "step": 4, "batch_in_epoch": 0}),    # last step of epoch 1, between stop checks
+    (48, 10, {"epoch": 0, "step": 10, "batch_in_epoch": 10}),  # a stop check in the middle of epoch 1
+    (40, 10, {"epoch": 1, "step": 10, "batch_in_epoch": 0}),   # a stop check on the last step of epoch 1
+], ids=["epoch_end", "mid_epoch", "check_at_epoch_end"])
+def test_a_signal_anywhere_in_an_epoch_resumes_cleanly(data_files, tmp_path, nsamples, signal_at, saved):
+    # 4 samples a step: 4, 12 and 10 steps an epoch; the ranks agree on stops every 10 steps.
+    args = data_args(data_files, tmp_path, f"--Nsamples={nsamples}", "--Nsamples_val=4")
+    run_train([*args, "--run_num=whole"])
+    stopped = subprocess.run([sys.executable, "-c", SIGNAL_DURING_STEP, *args, "--run_num=cut"], cwd=ROOT,
+                             env={**os.environ, "SIGNAL_AT": str(signal_at)}, capture_output=True, text=True,
+                             timeout=120)
+    assert stopped.returncode == 128 + signal.SIGUSR1, stopped.stdout[-3000:] + stopped.stderr[-3000:]
+    run_dir = tmp_path / "test" / "1CPU" / "cut"
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["position"] == saved
+
+    resumed = run_train([*args, "--run_num=cut", "--resume"])
+    assert "Time taken for epoch 2 is" in resumed.stdout
+    whole = read_events(tmp_path / "test" / "1CPU" / "whole").Scalars("Loss/valid")
+    cut = read_events(run_dir).Scalars("Loss/valid")
+    # Every validation happened once, at the same steps, with the same losses as without the stop.
+    assert [e.step for e in cut] == [e.step for e in whole]
+    assert [e.value for e in cut] == pytest.approx([e.value for e in whole], rel=1e-5, abs=1e-7)
+
+
 def test_demo_config_trains_on_any_pair_of_files(data_files, tmp_path):
     # The two files have different box sides (48 and 32); nothing in the config says so.
     run_train(["--config=demo", f"--train_path={data_files['train']}", f"--val_path={data_files['valid']}",
