@@ -20,6 +20,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import socket
 import sys
 
@@ -148,7 +149,7 @@ def main(argv=None):
 
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({socket.gethostname()})"
     stamp = datetime.datetime.now(datetime.timezone.utc)
-    slug = "".join(c if c.isalnum() else "-" for c in device_name).strip("-").lower()
+    slug = re.sub(r"[^0-9a-z]+", "-", device_name.lower()).strip("-")  # "NVIDIA H100 80GB HBM3" -> nvidia-h100-80gb-hbm3
     os.makedirs(args.out_dir, exist_ok=True)
     base = os.path.join(args.out_dir, f"{slug}-{stamp:%Y-%m-%d}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(message)s",

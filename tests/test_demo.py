@@ -15,7 +15,8 @@ def test_demo_halves_the_validation_loss(tmp_path):
     subprocess.run([sys.executable, "-m", "utils.generate_data", "--out_dir", str(tmp_path / "data"), "--no_npy"],
                    cwd=ROOT, check=True, capture_output=True)
     result = run_train(["--config=demo", f"--train_path={tmp_path / 'data' / 'synthetic_train.h5'}",
-                        f"--val_path={tmp_path / 'data' / 'synthetic_valid.h5'}", f"--expdir={tmp_path / 'runs'}"])
+                        f"--val_path={tmp_path / 'data' / 'synthetic_valid.h5'}", f"--expdir={tmp_path / 'runs'}",
+                        "--device=cpu"])  # the CPU demo, also on a machine with a GPU
     run_dir = tmp_path / "runs" / "demo" / "1CPU" / "00"
     assert f"TensorBoard logs: {run_dir / 'logs'}" in result.stdout
     assert f"Preview image: {run_dir / 'preview.png'}" in result.stdout

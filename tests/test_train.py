@@ -141,5 +141,5 @@ def test_a_signal_anywhere_in_an_epoch_resumes_cleanly(data_files, tmp_path, nsa
 def test_demo_config_trains_on_any_pair_of_files(data_files, tmp_path):
     # The two files have different box sides (48 and 32); nothing in the config says so.
     run_train(["--config=demo", f"--train_path={data_files['train']}", f"--val_path={data_files['valid']}",
-               f"--expdir={tmp_path}", "--Nsamples=16", "--Nsamples_val=8", "--num_epochs=1"])
+               f"--expdir={tmp_path}", "--Nsamples=16", "--Nsamples_val=8", "--num_epochs=1", "--device=cpu"])
     assert (tmp_path / "demo" / "1CPU" / "00" / "checkpoint.pt").exists()
