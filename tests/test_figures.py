@@ -1,4 +1,6 @@
-"""`make figures`: the tutorial's images are remade from the committed example logs."""
+"""`make figures`: the tutorial's images are remade from the committed example logs and results."""
+import os
+
 import pytest
 
 from conftest import ROOT
@@ -12,6 +14,11 @@ def test_figures_are_made_from_the_example_logs(tmp_path):
     for name in ("demo_loss_curves.png", "demo_preview.png", "demo_power_spectrum.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     assert (tmp_path / "demo_preview.png").stat().st_size > 10_000  # a real picture, not an empty canvas
+    results = sorted(os.listdir(os.path.join(ROOT, "benchmarks", "results")))
+    charts = [f"ladder_{name[:-5]}.png" for name in results if name.endswith(".json")]
+    assert charts, "benchmarks/results holds at least the CPU ladder"
+    for name in charts:  # one bar chart per committed benchmark result
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
 
 
 def test_example_logs_are_a_complete_demo_run():

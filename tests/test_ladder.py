@@ -23,3 +23,22 @@ def test_cpu_preset_writes_json_markdown_and_log(tmp_path, data_files):
     assert all(run[key] > 0 for key in ("full", "synthetic", "io"))
     assert "| gpu-inmem on CPU tensors |" in json_path.with_suffix(".md").read_text()
     assert json_path.with_suffix(".log").exists()
+
+
+def test_gpu_suite_refuses_to_run_without_a_gpu():
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from conftest import ROOT
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    result = subprocess.run([os.path.join(ROOT, "benchmarks", "gpu_suite.sh"), "ladder"], cwd=ROOT,
+                            env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "sees no CUDA GPU" in result.stderr and "--preset cpu" in result.stderr
+    bad = subprocess.run([os.path.join(ROOT, "benchmarks", "gpu_suite.sh"), "ladders"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown stage 'ladders'" in bad.stderr

@@ -8,11 +8,19 @@
   that run logged to TensorBoard.
 - ``tensorboard_scalars.png``: TensorBoard's scalars page for that run, shot in headless Chromium
   (skipped with a message when Chromium is missing).
+- ``ladder_<results file>.png``: FULL, SYNTHETIC and IO samples/s of every rung of each committed
+  benchmark result, ``benchmarks/results/*.json`` (written by ``python -m benchmarks.ladder``).
+- ``profile_<folder>_<rung>.png``: a timeline of two steps of each committed torch profiler trace,
+  listed in ``profiles.json`` of ``sample_nsys_profiles/`` and ``example_logs/cpu_profiles/``
+  (written by ``python -m benchmarks.profiles``).
 
 Each figure's caption in README.md names the run (command, device, date) that produced the logs.
 """
 import argparse
+import glob
+import gzip
 import io
+import json
 import os
 import sys
 
@@ -32,11 +40,7 @@ def load_events(log_dir):
 
 
 def loss_curves(events, title, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     for tag, style in (("Loss/train", "o-"), ("Loss/valid", "s-")):
         points = events.Scalars(tag)
@@ -61,11 +65,124 @@ def last_image(events, tag, path):
     matplotlib.image.imsave(path, np.asarray(image))
 
 
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def ladder_chart(report, path):
+    """Samples/s of FULL, SYNTHETIC and IO trials for each rung of one benchmark result (log scale:
+    on a GPU the loader alone can be many times faster than training)."""
+    plt = pyplot()
+    runs = [run for run in report["runs"] if "error" not in run]
+    fig, ax = plt.subplots(figsize=(8, 1.6 + 0.55 * len(runs)), dpi=100)
+    rows = np.arange(len(runs))[::-1]
+    height = 0.27
+    for offset, (key, label) in zip((height, 0, -height), (("full", "FULL (training)"),
+                                                          ("synthetic", "SYNTHETIC (compute alone)"),
+                                                          ("io", "IO (loader alone)"))):
+        values = [run[key] or 0 for run in runs]
+        ax.barh(rows + offset, values, height, label=label)
+        for row, value in zip(rows, values):
+            ax.text(value, row + offset, f" {value:.0f}", va="center", fontsize=7)
+    for row, run in zip(rows, runs):
+        mfu = (run.get("mfu") or {}).get("synthetic")
+        if mfu is not None:
+            ax.text(1.0, row, f"MFU {mfu:.2f} ", transform=ax.get_yaxis_transform(), ha="right", va="center",
+                    fontsize=7)
+    ax.set_yticks(rows, [run["name"] for run in runs], fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("samples/s")
+    ax.set_title(f"{report['device']}, {report['date'][:10]}\n{report['command']}", fontsize=9)
+    largest = max((run[key] or 0 for run in runs for key in ("full", "synthetic", "io")), default=1)
+    ax.set_xlim(right=largest * 2.5)  # room for the value labels
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16 - 0.6 / (1 + len(runs))), ncol=3)
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+TIMELINE_ROWS = ("step", "data copy in", "forward", "backward", "optimizer")
+
+
+def profile_timeline(trace, title, path, steps=2):
+    """The first ``steps`` annotated steps of a torch profiler trace: the host's phases, and on a
+    GPU the kernels as the device ran them (same clock), so gaps where the device waits show."""
+    plt = pyplot()
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    annotations = [e for e in events if e.get("cat") == "user_annotation"]
+    step_events = sorted((e for e in annotations if e["name"].startswith("step ")), key=lambda e: e["ts"])[:steps]
+    if not step_events:
+        raise ValueError("the trace has no 'step N' ranges (made without train.py's annotate?)")
+    start = step_events[0]["ts"]
+    end = step_events[-1]["ts"] + step_events[-1]["dur"]
+    rows = {name: [] for name in TIMELINE_ROWS}
+    rows["loader (next batch)"] = []
+    for event in annotations:
+        if not start <= event["ts"] < end:
+            continue
+        name = event["name"]
+        base = name.rsplit(" ", 1)[0] if name.rsplit(" ", 1)[-1].isdigit() else name
+        if base in rows:
+            rows[base].append(event)
+        elif name.startswith("enumerate(DataLoader)") or "data_loader" in name.lower():
+            rows["loader (next batch)"].append(event)
+    kernels = [e for e in events if e.get("cat") == "kernel" and start <= e["ts"] < end]
+    if kernels:
+        rows["GPU kernels"] = kernels
+    names = [name for name in rows if rows[name]]
+
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(names) + 1.4), dpi=100)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, name in enumerate(names):
+        spans = [((e["ts"] - start) / 1e3, max(e["dur"], 1) / 1e3) for e in rows[name]]
+        ax.broken_barh(spans, (len(names) - 1 - index - 0.35, 0.7), color=colours[index % len(colours)])
+    ax.set_yticks(range(len(names)), names[::-1], fontsize=8)
+    ax.set_xlim(0, (end - start) / 1e3)
+    ax.set_xlabel("ms from the start of the first step shown")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def profile_figures(folder, out_dir):
+    """A timeline for each trace listed in ``folder``/profiles.json; returns the images written."""
+    index_path = os.path.join(folder, "profiles.json")
+    if not os.path.exists(index_path):
+        return []
+    with open(index_path) as f:
+        index = json.load(f)
+    tag = os.path.basename(os.path.normpath(folder))
+    written = []
+    for entry in index["profiles"]:
+        if "file" not in entry:
+            continue
+        with gzip.open(os.path.join(folder, entry["file"])) as f:
+            trace = json.load(f)
+        name = f"profile_{tag}_{entry['rung']}.png"
+        profile_timeline(trace, f"{entry['rung']}: {entry['what']} ({entry['device']}, {entry['date'][:10]})",
+                         os.path.join(out_dir, name))
+        written.append(name)
+    return written
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Make the tutorial's figures from example_logs/.")
     parser.add_argument("--run", default=os.path.join(ROOT, "example_logs", "demo"),
                         help="a run directory holding logs/ (TensorBoard events)")
     parser.add_argument("--out_dir", default=os.path.join(ROOT, "tutorial_images"))
+    parser.add_argument("--results", default=os.path.join(ROOT, "benchmarks", "results"),
+                        help="folder of benchmark results (*.json from benchmarks.ladder)")
+    parser.add_argument("--profiles", nargs="*", default=[os.path.join(ROOT, "sample_nsys_profiles"),
+                                                          os.path.join(ROOT, "example_logs", "cpu_profiles")],
+                        help="folders with a profiles.json (from benchmarks.profiles)")
     parser.add_argument("--no_browser", action="store_true", help="skip the TensorBoard screenshot")
     args = parser.parse_args(argv)
 
@@ -76,6 +193,15 @@ def main(argv=None):
     last_image(events, "Preview", os.path.join(args.out_dir, "demo_preview.png"))
     last_image(events, "Power spectrum", os.path.join(args.out_dir, "demo_power_spectrum.png"))
     print(f"wrote demo_loss_curves.png, demo_preview.png, demo_power_spectrum.png to {args.out_dir}")
+    for path in sorted(glob.glob(os.path.join(args.results, "*.json"))):
+        with open(path) as f:
+            report = json.load(f)
+        name = f"ladder_{os.path.splitext(os.path.basename(path))[0]}.png"
+        ladder_chart(report, os.path.join(args.out_dir, name))
+        print(f"wrote {name} from {os.path.relpath(path, ROOT)}")
+    for folder in args.profiles:
+        for name in profile_figures(folder, args.out_dir):
+            print(f"wrote {name} from {os.path.relpath(folder, ROOT)}")
     if args.no_browser:
         return
     from utils import tensorboard_screenshot

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The tutorial's GPU measurements and checks, in stages that each fit in ten minutes on one H100/H200:
+#
+#   benchmarks/gpu_suite.sh tests      the test suite on the GPU machine (GPU-only tests run; CPU ones too)
+#   benchmarks/gpu_suite.sh ladder     python -m benchmarks.ladder: the single-GPU ladder at batch 64, crop 64
+#   benchmarks/gpu_suite.sh profiles   python -m benchmarks.profiles --nsys: traces of five rungs
+#   benchmarks/gpu_suite.sh scaling    one GPU, benchy trials with DDP's settings and with --noddp
+#   benchmarks/gpu_suite.sh ladder profiles     several stages, in order (no stage: all four)
+#
+# Run it from the repository's top-level folder with the Python that has torch (PYTHON=..., default
+# python3). Results land where the tutorial reads them: benchmarks/results/ (ladder, scaling, this
+# suite's logs) and sample_nsys_profiles/. With OUT set (a folder), each stage also packs what it wrote
+# into $OUT/gpu_suite_<stage>.tgz, to carry the results off a machine that is given back afterwards.
+# A stage that fails does not stop the next one; the exit status says whether all passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+RESULTS=benchmarks/results
+DATA_DIR=data/benchmark
+export PYTHONUNBUFFERED=1
+
+note() { echo "gpu_suite.sh: $*"; }
+
+gpu_slug() {
+    "$PYTHON" -c 'import re, torch; print(re.sub(r"[^0-9a-z]+", "-", torch.cuda.get_device_name(0).lower()).strip("-"))'
+}
+
+stage_tests() {
+    # The whole suite: on a GPU machine the CUDA-only tests run (graph capture, no host syncs in the
+    # GPU loader and metrics, CUDA profiler windows). Tests whose tools are missing there are skipped.
+    timeout 540 "$PYTHON" -m pytest -q -ra -p no:cacheprovider
+}
+
+stage_ladder() {
+    "$PYTHON" -m benchmarks.ladder --data_dir "$DATA_DIR"
+}
+
+stage_profiles() {
+    "$PYTHON" -m benchmarks.profiles --data_dir "$DATA_DIR" --nsys
+}
+
+stage_scaling() {
+    # The one-GPU point of the weak-scaling plot (README, "Multi-GPU performance"): bs64_opt's settings
+    # with the GPU-resident loader (DALI's wheel may be missing), as benchy trials, with and without
+    # gradient communication. On one rank train.py does not wrap the model in DDP, so the two differ
+    # by run-to-run noise only: that spread is the baseline the multi-GPU overheads are read against.
+    local slug
+    slug=$(gpu_slug) || return 1
+    "$PYTHON" -c 'from benchmarks.ladder import make_data; make_data("'"$DATA_DIR"'", 256)' || return 1
+    mkdir -p "$RESULTS/scaling"
+    local flags=(--config=bs64_opt --data_loader_config=gpu-inmem --local_batch_size=64 --enable_benchy
+                 --num_epochs=15 "--train_path=$DATA_DIR/synthetic_train.h5" "--val_path=$DATA_DIR/synthetic_valid.h5"
+                 --expdir=runs/gpu_suite --checkpoint=false)
+    local status=0
+    for mode in ddp noddp; do
+        local extra=()
+        [ "$mode" = noddp ] && extra=(--noddp)
+        BENCHY_OUTPUT="$RESULTS/scaling/$slug-${mode}_1" "$PYTHON" -m torch.distributed.run --standalone \
+            --nproc_per_node=1 train.py "${flags[@]}" "--run_num=scaling_${mode}_$(date +%s)" "${extra[@]}" || status=1
+    done
+    return $status
+}
+
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(tests ladder profiles scaling)
+for stage in "${stages[@]}"; do
+    case "$stage" in
+        tests|ladder|profiles|scaling) ;;
+        *) echo "gpu_suite.sh: unknown stage '$stage' (tests, ladder, profiles, scaling)" >&2; exit 2 ;;
+    esac
+done
+if ! "$PYTHON" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
+    echo "gpu_suite.sh: error: PyTorch ($PYTHON) sees no CUDA GPU. This suite measures GPUs; on a CPU run" \
+         "'python -m benchmarks.ladder --preset cpu' and 'python -m benchmarks.profiles --preset cpu'." >&2
+    exit 2
+fi
+
+mkdir -p "$RESULTS"
+failed=()
+for stage in "${stages[@]}"; do
+    log="$RESULTS/gpu_suite-$stage-$(date -u +%Y-%m-%d).log"
+    note "stage $stage started $(date -u +%FT%TZ); log: $log"
+    {
+        echo "# benchmarks/gpu_suite.sh $stage, $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null)"
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
+        "$PYTHON" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())'
+    } > "$log"
+    start=$SECONDS
+    "stage_$stage" 2>&1 | tee -a "$log"
+    status=${PIPESTATUS[0]}
+    note "stage $stage ended with status $status after $((SECONDS - start)) s" | tee -a "$log"
+    [ "$status" -eq 0 ] || failed+=("$stage")
+    if [ -n "${OUT:-}" ]; then
+        tar czf "$OUT/gpu_suite_$stage.tgz" "$RESULTS" $( [ -d sample_nsys_profiles ] && echo sample_nsys_profiles )
+    fi
+done
+[ ${#failed[@]} -eq 0 ] || { note "failed stages: ${failed[*]}"; exit 1; }
+note "all stages passed: ${stages[*]}"

@@ -1,0 +1,307 @@
+"""Sample profiles of the optimisation ladder's rungs, from real short runs of train.py.
+
+    python -m benchmarks.profiles                          # on a GPU: five rungs -> sample_nsys_profiles/
+    python -m benchmarks.profiles --preset cpu             # on a CPU: two rungs -> example_logs/cpu_profiles/
+    python -m benchmarks.profiles --only graph --nsys      # one rung, and try Nsight Systems too
+
+Each rung is one real command, `python train.py <options> --profiler=torch ...` (train_graph.py
+for the CUDA-graph rung), that trains two short epochs and records the torch profiler over a few
+steps of the second one. The trace is kept as gzipped Chrome/Perfetto JSON (open it in
+https://ui.perfetto.dev, or in TensorBoard's profiler plugin after un-gzipping it into a run's
+``logs/plugins/profile``). Beside the traces, ``profiles.json`` and the folder's README.md say
+for each file which command made it, on which device and when, and summarise it: the mean time
+per step of each annotated phase (step, data copy in, forward, backward, optimizer) and, on a
+GPU, the kernels that took the most device time and how busy the device was.
+
+With ``--nsys`` each rung is also run under Nsight Systems (`nsys profile -c cudaProfilerApi`
+around `--enable_manual_profiling`, the tutorial's own recipe) when an ``nsys`` can be found; a
+``.nsys-rep`` that it makes is kept, and when none can be made, profiles.json says why. Nothing
+is renamed or made up: every file here comes out of the run it is listed with.
+"""
+import argparse
+import collections
+import datetime
+import glob
+import gzip
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+
+import torch
+
+from benchmarks.ladder import make_data
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PHASES = ("step", "data copy in", "forward", "backward", "optimizer")
+
+# (slug, what it shows, script, options): the tutorial's rungs whose profiles it discusses.
+GPU_RUNGS = [
+    ("baseline", "lowmem loader, 2 workers, fp32", "train.py",
+     ["--data_loader_config=lowmem", "--num_data_workers=2"]),
+    ("gpu_inmem", "the GPU-resident loader, fp32", "train.py", ["--data_loader_config=gpu-inmem"]),
+    ("gpu_inmem_bf16", "+ AMP bf16", "train.py", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16"]),
+    ("gpu_inmem_bf16_fused_jit", "+ fused Adam + TorchScript loss", "train.py",
+     ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--enable_fused", "--enable_jit"]),
+    ("gpu_inmem_bf16_graph", "+ the whole step in a CUDA graph", "train_graph.py",
+     ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--graph_warmup_steps=5"]),
+]
+CPU_RUNGS = [
+    ("baseline", "lowmem loader, 2 workers", "train.py", ["--data_loader_config=lowmem", "--num_data_workers=2"]),
+    ("gpu_inmem", "the GPU-resident loader on CPU tensors", "train.py", ["--data_loader_config=gpu-inmem"]),
+]
+PRESETS = {
+    "gpu": {"options": ["--config=base", "--device=cuda"], "batch": 64, "box": 256,
+            "out_dir": os.path.join(ROOT, "sample_nsys_profiles")},
+    "cpu": {"options": ["--config=demo", "--device=cpu"], "batch": 8, "box": 128,
+            "out_dir": os.path.join(ROOT, "example_logs", "cpu_profiles")},
+}
+
+
+def relative(path):
+    """A path as a reader in the repository's top-level folder would type it."""
+    path = os.path.abspath(path)
+    return os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
+
+
+# ----------------------------------------------------------------------------- reading a trace
+
+def summarise_trace(trace, steps):
+    """Mean milliseconds per step of each phase; on a GPU also the busiest kernels.
+
+    ``trace`` is the Chrome-trace dict the torch profiler writes. Phases are the ``annotate``
+    ranges of train.py (CPU-side: when the host issued the work). Kernel times are device-side;
+    ``device_busy`` is the kernels' summed time over the profiled window's wall time (kernels of
+    several streams can overlap, so it is an upper bound on the busy share).
+    """
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    phases = collections.defaultdict(float)
+    for event in events:
+        if event.get("cat") != "user_annotation":
+            continue
+        name = event["name"]
+        base = name.rsplit(" ", 1)[0] if name.rsplit(" ", 1)[-1].isdigit() else name
+        if base in PHASES:
+            phases[base] += event["dur"] / 1e3
+    summary = {"steps": steps, "phase_ms_per_step": {p: round(phases[p] / steps, 3) for p in PHASES if p in phases}}
+
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    if kernels:
+        window = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("step ")]
+        wall = (max(e["ts"] + e["dur"] for e in window) - min(e["ts"] for e in window)) if window else None
+        per_name = collections.defaultdict(lambda: [0.0, 0])
+        for event in kernels:
+            per_name[event["name"]][0] += event["dur"]
+            per_name[event["name"]][1] += 1
+        total = sum(duration for duration, _ in per_name.values())
+        top = sorted(per_name.items(), key=lambda item: -item[1][0])[:12]
+        summary.update({
+            "kernel_ms_per_step": round(total / 1e3 / steps, 3),
+            "device_busy": round(total / wall, 3) if wall else None,
+            "top_kernels": [{"name": name[:160], "share": round(duration / total, 4), "calls": calls,
+                             "ms_per_step": round(duration / 1e3 / steps, 3)} for name, (duration, calls) in top],
+        })
+    return summary
+
+
+# ----------------------------------------------------------------------------- running a rung
+
+def rung_command(script, common, options, expdir, run_num, steps, extra=()):
+    """The train.py command of one profiled rung: two epochs, the window inside the second."""
+    return [script, *common, *options, f"--expdir={expdir}", f"--run_num={run_num}", "--num_epochs=2",
+            "--profile_start_epoch=2", f"--profile_steps={steps}", "--val_metrics=false",
+            "--preview_image=false", "--checkpoint=false", *extra]
+
+
+def run(command, log_path, timeout):
+    """Run ``python <command>`` in the repository; its output goes to ``log_path``."""
+    with open(log_path, "w") as log:
+        return subprocess.run([sys.executable, *command], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=timeout).returncode
+
+
+def find_nsys():
+    """An nsys executable: on PATH, or one shipped inside an Nsight Compute or CUDA installation."""
+    found = shutil.which("nsys")
+    if found:
+        return found
+    for pattern in ("/opt/nvidia/nsight-systems*/*/bin/nsys", "/opt/nvidia/nsight-compute/*/host/*/nsys",
+                    "/usr/local/cuda*/bin/nsys", "/usr/local/cuda*/nsight-systems*/bin/nsys"):
+        candidates = sorted(glob.glob(pattern))
+        if candidates:
+            return candidates[-1]
+    return None
+
+
+def try_nsys(nsys, command, out_base, log_path, timeout):
+    """Profile ``command`` under Nsight Systems; returns ``{file}`` or ``{error}``, honestly."""
+    wrapped = [nsys, "profile", "--trace=cuda,nvtx", "-c", "cudaProfilerApi", "--kill", "none", "-f", "true",
+               "-o", out_base, sys.executable, *command]
+    with open(log_path, "w") as log:
+        code = subprocess.run(wrapped, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
+    if os.path.exists(out_base + ".nsys-rep"):
+        return {"file": os.path.basename(out_base + ".nsys-rep"), "nsys": nsys}
+    qdstrm = out_base + ".qdstrm"
+    if os.path.exists(qdstrm):
+        importers = glob.glob(os.path.join(os.path.dirname(nsys), "QdstrmImporter*")) + \
+            glob.glob(os.path.join(os.path.dirname(nsys), "..", "*", "QdstrmImporter*"))
+        for importer in importers:
+            with open(log_path, "a") as log:
+                subprocess.run([importer, "-i", qdstrm], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+            if os.path.exists(out_base + ".nsys-rep"):
+                os.remove(qdstrm)
+                return {"file": os.path.basename(out_base + ".nsys-rep"), "nsys": nsys, "importer": importer}
+        os.remove(qdstrm)  # raw capture data, not a report: not kept
+        return {"error": f"{nsys} wrote a .qdstrm capture but no .nsys-rep report "
+                         f"({'no QdstrmImporter found' if not importers else 'QdstrmImporter failed'}); "
+                         f"exit status {code}, see {os.path.basename(log_path)}"}
+    return {"error": f"{nsys} made no report (exit status {code}), see {os.path.basename(log_path)}"}
+
+
+def profile_rung(rung, preset, args, common, work_dir, device_name):
+    slug, description, script, options = rung
+    steps = args.steps
+    batches = steps + 4  # per epoch: the window opens with the second epoch and ends 4 steps before it does
+    sizes = [f"--Nsamples={preset['batch'] * batches}", f"--Nsamples_val={preset['batch']}"]
+    command = rung_command(script, common + sizes, options, os.path.join(work_dir, "runs"), slug, steps,
+                           extra=["--profiler=torch"])
+    log_path = os.path.join(args.out_dir, f"{slug}.log")
+    started = datetime.datetime.now(datetime.timezone.utc)
+    code = run(command, log_path, args.timeout)
+    entry = {"rung": slug, "what": description, "command": "python " + shlex.join(relative_args(command)),
+             "device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
+             "date": started.isoformat(timespec="seconds"), "log": os.path.basename(log_path)}
+    if code != 0:
+        entry["error"] = f"the run failed with exit status {code}; see {entry['log']}"
+        return entry
+    # The run directory is <expdir>/<config>/1GPU|1CPU/<slug>; the scratch expdir starts empty.
+    traces = glob.glob(os.path.join(work_dir, "runs", "*", "*", slug, "profile", "*.pt.trace.json"))
+    if len(traces) != 1:
+        entry["error"] = f"expected one torch profiler trace, found {len(traces)}; see {entry['log']}"
+        return entry
+    trace_path = traces[0]
+    with open(trace_path) as f:
+        trace = json.load(f)
+    entry["file"] = f"{slug}.pt.trace.json.gz"
+    with open(trace_path, "rb") as source, gzip.open(os.path.join(args.out_dir, entry["file"]), "wb") as target:
+        shutil.copyfileobj(source, target)
+    entry.update(summarise_trace(trace, steps))
+
+    if args.nsys:
+        nsys = find_nsys()
+        if nsys is None:
+            entry["nsys"] = {"error": "no nsys found (PATH, /opt/nvidia, /usr/local/cuda)"}
+        else:
+            manual = rung_command(script, common + sizes, options, os.path.join(work_dir, "runs"), slug + "_nsys",
+                                  steps, extra=["--enable_manual_profiling"])
+            entry["nsys"] = try_nsys(nsys, manual, os.path.join(args.out_dir, slug),
+                                     os.path.join(args.out_dir, f"{slug}_nsys.log"), args.timeout)
+            entry["nsys"]["command"] = (f"nsys profile --trace=cuda,nvtx -c cudaProfilerApi --kill none -f true -o "
+                                        f"{slug} python " + shlex.join(relative_args(manual)))
+    return entry
+
+
+def relative_args(command):
+    """The command as typed in the repository's top-level folder (paths inside it made relative)."""
+    shown = []
+    for arg in command:
+        key, _, value = arg.partition("=")
+        shown.append(f"{key}={relative(value)}" if key in ("--train_path", "--val_path", "--expdir") else arg)
+    return shown
+
+
+# ----------------------------------------------------------------------------- the folder's README
+
+README_HEAD = """# {title}
+
+Made by `{command}` ({date}); every file below comes out of the run whose command is listed with it.
+Regenerate the folder with that command; `python -m utils.figures` draws a timeline of each trace into
+`tutorial_images/`.
+
+How to open them:
+- `*.pt.trace.json.gz`: torch profiler traces (Chrome trace JSON, gzipped). Drag one onto
+  <https://ui.perfetto.dev> (it reads the .gz directly), or un-gzip it into a run's `logs/plugins/profile/<name>/`
+  and open TensorBoard's profiler tab (the `torch-tb-profiler` plugin).
+- `*.nsys-rep`: Nsight Systems reports, opened with `nsys-ui` or `nsys stats`.
+- `*.log`: the output of each run.
+"""
+
+
+def write_readme(out_dir, entries, title, command, date):
+    lines = [README_HEAD.format(title=title, command=command, date=date), "| file | rung | device | date | "
+             "mean ms per step: step / data copy in / forward / backward / optimizer | device busy |",
+             "|---|---|---|---|---|---|"]
+    for entry in entries:
+        if "error" in entry:
+            lines.append(f"| (none) | {entry['rung']}: {entry['what']} | {entry['device']} | {entry['date']} | "
+                         f"failed: {entry['error']} | |")
+            continue
+        phases = entry["phase_ms_per_step"]
+        cells = " / ".join(f"{phases[p]:.1f}" if p in phases else "-" for p in PHASES)
+        busy = f"{entry['device_busy']:.0%}" if entry.get("device_busy") is not None else "n/a (CPU)"
+        lines.append(f"| `{entry['file']}` | {entry['rung']}: {entry['what']} | {entry['device']} | {entry['date']} "
+                     f"| {cells} | {busy} |")
+    lines += ["", "The commands, one per trace:", ""]
+    for entry in entries:
+        lines.append(f"- `{entry['rung']}`: `{entry['command']}`")
+        nsys = entry.get("nsys")
+        if nsys:
+            lines.append(f"  - Nsight Systems: {'`' + nsys['file'] + '`' if 'file' in nsys else 'no report: ' + nsys['error']}")
+    kernel_entries = [entry for entry in entries if entry.get("top_kernels")]
+    for entry in kernel_entries:
+        lines += ["", f"Kernels with the most device time in `{entry['file']}` "
+                  f"({entry['kernel_ms_per_step']:.1f} ms of kernels per step):", "",
+                  "| kernel | share | calls | ms per step |", "|---|---|---|---|"]
+        for kernel in entry["top_kernels"]:
+            lines.append(f"| `{kernel['name'][:100]}` | {kernel['share']:.1%} | {kernel['calls']} "
+                         f"| {kernel['ms_per_step']:.2f} |")
+    with open(os.path.join(out_dir, "README.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="gpu")
+    parser.add_argument("--data_dir", default=os.path.join(ROOT, "data", "benchmark"))
+    parser.add_argument("--out_dir", default=None, help="default: the preset's folder")
+    parser.add_argument("--work_dir", default=os.path.join(ROOT, "runs", "profiles"),
+                        help="scratch space for the runs (not kept)")
+    parser.add_argument("--steps", type=int, default=4, help="profiled steps per rung")
+    parser.add_argument("--only", default="", help="profile only rungs whose slug contains this text")
+    parser.add_argument("--nsys", action="store_true", help="also try Nsight Systems on each rung")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per run")
+    args = parser.parse_args(argv)
+
+    preset = PRESETS[args.preset]
+    args.out_dir = args.out_dir or preset["out_dir"]
+    if args.preset == "gpu" and not torch.cuda.is_available():
+        sys.exit("error: the gpu preset needs a CUDA GPU; use --preset cpu on this machine.")
+    rungs = [rung for rung in (GPU_RUNGS if args.preset == "gpu" else CPU_RUNGS) if args.only in rung[0]]
+    device_name = torch.cuda.get_device_name(0) if args.preset == "gpu" else f"CPU ({socket.gethostname()}, " \
+        f"{os.cpu_count()} cores)"
+    train_path, val_path = make_data(args.data_dir, preset["box"])
+    common = [*preset["options"], f"--train_path={train_path}", f"--val_path={val_path}"]
+    os.makedirs(args.out_dir, exist_ok=True)
+    shutil.rmtree(os.path.join(args.work_dir, "runs"), ignore_errors=True)
+
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    command = "python -m benchmarks.profiles " + shlex.join(sys.argv[1:] if argv is None else argv)
+    entries = []
+    for rung in rungs:
+        print(f"=== {rung[0]}: {rung[1]}", flush=True)
+        entry = profile_rung(rung, preset, args, common, args.work_dir, device_name)
+        print(json.dumps({k: v for k, v in entry.items() if k != "top_kernels"}), flush=True)
+        entries.append(entry)
+    with open(os.path.join(args.out_dir, "profiles.json"), "w") as f:
+        json.dump({"command": command, "date": date, "profiles": entries}, f, indent=2)
+    title = "Sample profiles (GPU)" if args.preset == "gpu" else "Sample profiles of the CPU demo model"
+    write_readme(args.out_dir, entries, title, command, date)
+    print(f"Profiles, profiles.json and README.md in {args.out_dir}")
+    return entries
+
+
+if __name__ == "__main__":
+    main()
