@@ -22,6 +22,16 @@ def data_files(tmp_path_factory):
     return paths
 
 
+@pytest.fixture
+def synthetic_data_dir(tmp_path, data_files):
+    """A folder holding data_files under the synthetic data set's names, as the benchmark tools expect."""
+    directory = tmp_path / "data"
+    directory.mkdir()
+    for name in ("train", "valid"):
+        (directory / f"synthetic_{name}.h5").symlink_to(data_files[name])
+    return directory
+
+
 def run_train(args, cwd=ROOT, timeout=300, env=None, check=True):
     """Run ``python train.py ARGS`` in a subprocess; return the CompletedProcess."""
     result = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=cwd, env=env,

@@ -10,11 +10,8 @@ from utils import figures
 pytestmark = pytest.mark.slow
 
 
-def test_cpu_preset_keeps_a_trace_per_rung_and_lists_its_command(tmp_path, data_files):
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    for name in ("train", "valid"):  # the fixture's small files, under the names the tool looks for
-        (data_dir / f"synthetic_{name}.h5").symlink_to(data_files[name])
+def test_cpu_preset_keeps_a_trace_per_rung_and_lists_its_command(tmp_path, synthetic_data_dir):
+    data_dir = synthetic_data_dir
     out_dir = tmp_path / "profiles"
     [entry] = profiles.main(["--preset", "cpu", "--only", "gpu_inmem", "--steps", "2", "--data_dir", str(data_dir),
                              "--out_dir", str(out_dir), "--work_dir", str(tmp_path / "work")])

@@ -1,20 +1,22 @@
-"""benchmarks/ladder.py: runs its rungs with train.py's own builders and writes the result files."""
+"""benchmarks/ladder.py runs its rungs with train.py's own builders and writes the result files;
+benchmarks/gpu_suite.sh, which runs it on a GPU, refuses a machine without one."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
+import torch
 
 from benchmarks import ladder
+from conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
 
-def test_cpu_preset_writes_json_markdown_and_log(tmp_path, data_files):
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    for name in ("train", "valid"):  # the fixture's small files, under the names the suite looks for
-        (data_dir / f"synthetic_{name}.h5").symlink_to(data_files[name])
+def test_cpu_preset_writes_json_markdown_and_log(tmp_path, synthetic_data_dir):
     ladder.main(["--preset", "cpu", "--only", "gpu-inmem", "--nbatches", "2", "--ntrials", "1", "--nwarmup", "1",
-                 "--data_dir", str(data_dir), "--out_dir", str(tmp_path / "out")])
+                 "--data_dir", str(synthetic_data_dir), "--out_dir", str(tmp_path / "out")])
     [json_path] = (tmp_path / "out").glob("*.json")
     report = json.loads(json_path.read_text())
     assert {"device", "torch", "cuda", "date", "command", "runs"} <= set(report)
@@ -26,14 +28,6 @@ def test_cpu_preset_writes_json_markdown_and_log(tmp_path, data_files):
 
 
 def test_gpu_suite_refuses_to_run_without_a_gpu():
-    import os
-    import subprocess
-    import sys
-
-    import torch
-
-    from conftest import ROOT
-
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     result = subprocess.run([os.path.join(ROOT, "benchmarks", "gpu_suite.sh"), "ladder"], cwd=ROOT,
