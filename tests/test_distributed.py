@@ -188,6 +188,40 @@ def test_fsdp_holds_half_of_ddp_per_rank(runs):
     assert "optimizer state" in distributed.describe_memory(fsdp[0]["memory"])
 
 
+@requires_fully_shard
+def test_train_py_reports_ddp_and_fsdp_memory_per_rank(data_files, tmp_path):
+    """train.py under torchrun, DDP then FSDP: the memory report in out.log and TensorBoard; rank 0 writes."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    reports = {}
+    for parallel in ("ddp", "fsdp"):
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                   os.path.join(ROOT, "train.py"), "--config=test", f"--train_path={data_files['train']}",
+                   f"--val_path={data_files['valid']}", f"--expdir={tmp_path}", f"--run_num={parallel}",
+                   f"--parallel={parallel}", "--local_batch_size=3", "--num_epochs=1", "--val_metrics=false"]
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        run_dir = tmp_path / "test" / "2CPU" / parallel
+        log = (run_dir / "out.log").read_text()
+        assert ("FSDP (fully_shard" if parallel == "fsdp" else "Data parallel: DDP over 2 ranks") in log
+        assert "global_batch_size: 6" in log and "local batch 3" in log  # --local_batch_size=3 on 2 ranks
+        match = re.search(r"Memory per rank: parameters ([\d.]+) MiB, gradients ([\d.]+) MiB, "
+                          r"optimizer state ([\d.]+) MiB, total ([\d.]+) MiB", log)
+        assert match, log[-3000:]
+        events = EventAccumulator(str(run_dir / "logs"), size_guidance={"scalars": 0})
+        events.Reload()
+        scalars = {key: events.Scalars(f"Memory/{key}_MiB")[0].value
+                   for key in ("parameters", "gradients", "optimizer_state", "model_total")}
+        assert [round(v, 1) for v in scalars.values()] == [float(g) for g in match.groups()]
+        reports[parallel] = scalars
+        # Logs, TensorBoard and checkpoints come from rank 0 alone: one event file, one checkpoint.
+        assert len(list((run_dir / "logs").glob("events.out.tfevents.*"))) == 1
+        assert sorted(os.listdir(run_dir)) == ["checkpoint.pt", "config.yaml", "logs", "out.log"]
+    for key, ddp_value in reports["ddp"].items():  # each FSDP rank holds about half of what a DDP rank holds
+        assert 0.4 < reports["fsdp"][key] / ddp_value < 0.6, (key, reports)
+
+
 # ----------------------------------------------------------------------------- stopping together
 
 def test_agree_to_stop(runs):
