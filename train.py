@@ -80,8 +80,8 @@ def check_sizes(options, params, world):
     params.update({"world_size": world.size})
 
 
-def prepare_run_dir(options, params, world, device):
-    """The run directory; refuses to reuse one that holds a run unless --resume."""
+def claim_run_dir(options, params, world, device):
+    """The run directory's path; refuses one that holds a run unless --resume. Creates nothing."""
     kind = "GPU" if device.type == "cuda" else "CPU"
     run_dir = os.path.join(params.expdir, options["config"], f"{world.size}{kind}", options["run_num"])
     taken = os.path.isdir(run_dir) and bool(os.listdir(run_dir)) and not options["resume"]
@@ -89,9 +89,16 @@ def prepare_run_dir(options, params, world, device):
     if agree_to_stop(taken, world, device):
         raise UserError(f"The run directory {run_dir} already holds a run. Pass --resume to continue it, "
                         f"or a new --run_num (e.g. --run_num={options['run_num']}b) to start another.")
+    return run_dir
+
+
+def create_run_dir(run_dir, options, params, world):
+    """Rank 0 makes the run directory, starts out.log (with the lines logged so far) and config.yaml."""
     if world.is_main:
         os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
-    return run_dir
+        log_to_file(os.path.join(run_dir, "out.log"))
+        with open(os.path.join(run_dir, "config.yaml"), "w") as f:
+            yaml.safe_dump({**options, **params.to_dict()}, f, sort_keys=False)
 
 
 def build_model(params, device):
@@ -232,31 +239,31 @@ def main(argv=None, make_step=None, graph_capture=False):
     config_logger(world.is_main)
     torch.manual_seed(params.seed)
 
-    # Data first: a missing or malformed file is reported before anything is written.
+    # Data first. Nothing is written before everything is built: a run refused during set-up (a
+    # missing file, an option this machine cannot do) leaves no half-made run directory behind.
     train_loader, val_loader = get_data_loader_distributed(params, world.rank, device)
     check_profiling_options(params, len(train_loader), device)
-    run_dir = prepare_run_dir(options, params, world, device)
-    if world.is_main:
-        log_to_file(os.path.join(run_dir, "out.log"))
-        with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-            yaml.safe_dump({**options, **params.to_dict()}, f, sort_keys=False)
+    run_dir = claim_run_dir(options, params, world, device)
     params.log()
     logging.info("Device: %s; %d rank(s); local batch %d; run directory %s", device, world.size,
                  params.global_batch_size // world.size, run_dir)
 
     # Model, optimiser, precision and loss, resolved once so that the loop has no branches for them.
     # Order: the parallel wrapper first (FSDP replaces the parameters the optimiser must hold), then
-    # the optimiser, then the checkpoint's states, and compilation last, around everything.
+    # the optimiser, and compilation last, around everything (it is lazy: nothing is traced yet).
     model = build_model(params, device)
     logging.info("U-Net with %.1f M parameters", sum(p.numel() for p in model.parameters()) / 1e6)
     model = parallelize(model, params, world, device)
     optimizer = build_optimizer(params, model, capturable=graph_capture)
     precision = Precision(params.amp_mode, device, cache=not graph_capture)
     loss_fn = build_loss(params)
-    position = resume(run_dir, model, optimizer, precision.scaler) if options["resume"] else Position()
     model = compile_model(model, params)
     move = functools.partial(to_device, device=device, memory_format=memory_format(params))
     step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
+
+    # All set up: now the run directory, and the checkpoint's states when resuming.
+    create_run_dir(run_dir, options, params, world)
+    position = resume(run_dir, model, optimizer, precision.scaler) if options["resume"] else Position()
 
     steps_per_epoch = len(train_loader)
     schedule = functools.partial(lr_schedule, total_steps=params.num_epochs * steps_per_epoch, params=params)

@@ -11,15 +11,15 @@ from conftest import run_train
 pytestmark = pytest.mark.slow
 
 
-def run_main(argv, capsys):
+def run_main(argv, capsys, **main_options):
     """train.main(argv) in this process; returns (exit code, stderr)."""
     with pytest.raises(SystemExit) as exit_info:
-        train.main(argv)
+        train.main(argv, **main_options)
     return exit_info.value.code, capsys.readouterr().err
 
 
-def assert_refused(argv, capsys, expdir, *fragments):
-    code, message = run_main(argv, capsys)
+def assert_refused(argv, capsys, expdir, *fragments, **main_options):
+    code, message = run_main(argv, capsys, **main_options)
     assert code == 2
     assert message.startswith("error: ") and "Traceback" not in message
     for fragment in fragments:
@@ -121,3 +121,16 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(data_files, tm
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "non-finite at step 4" in result.stderr  # the first step after the resumed epoch 1
     assert checkpoint.read_bytes() == good
+
+
+def test_refused_at_the_last_set_up_step_writes_nothing(data_files, tmp_path, capsys):
+    # The step is the last thing built: train_graph.py's, refused on a CPU (--device=cpu on a GPU
+    # machine ends the same way). The run directory must not exist, so the fixed command can run.
+    import train_graph
+
+    expdir = tmp_path / "runs"
+    assert_refused(args(data_files, expdir, "--device=cpu"), capsys, expdir, "needs a CUDA device",
+                   make_step=train_graph.make_graph_step, graph_capture=True)
+    train.main(args(data_files, expdir, "--device=cpu", "--num_epochs=1"))  # the same run directory, now free
+    assert (expdir / "test" / "1CPU" / "00" / "checkpoint.pt").exists()
+    assert "Configuration" in (expdir / "test" / "1CPU" / "00" / "out.log").read_text()  # the early lines too

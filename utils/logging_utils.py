@@ -4,25 +4,41 @@ The format is the original tutorial's, e.g.
 ``2026-11-21 12:00:00,000 - root - INFO - Time taken for epoch 1 is 30.1 sec, avg 17.0 samples/sec``.
 """
 import logging
+import logging.handlers
 import sys
 
 FORMAT = "%(asctime)s - %(name)s - %(levelname)s - %(message)s"
 
+# The lines logged before the run directory exists, kept for out.log. A run refused during set-up
+# writes nothing at all, so the directory is created only once everything could be built.
+_early_lines = None
+
 
 def config_logger(is_main):
     """Log INFO to stdout on the main rank; other ranks log only warnings and errors."""
+    global _early_lines
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter(FORMAT))
     root.addHandler(handler)
+    # Never flushed on its own (no target yet, flush level above CRITICAL): log_to_file empties it.
+    _early_lines = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1)
+    root.addHandler(_early_lines)
     root.setLevel(logging.INFO if is_main else logging.WARNING)
 
 
 def log_to_file(path):
+    """From now on also log to ``path``, starting with the lines logged since :func:`config_logger`."""
+    global _early_lines
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter(FORMAT))
+    if _early_lines is not None:
+        _early_lines.setTarget(handler)
+        _early_lines.flush()
+        logging.getLogger().removeHandler(_early_lines)
+        _early_lines = None
     logging.getLogger().addHandler(handler)
 
 
