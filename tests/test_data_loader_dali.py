@@ -4,6 +4,7 @@ Its samples must be the native loader's, bit for bit: same crops, same symmetry 
 vector channels turned the same way.
 """
 import importlib.util
+import os
 import shutil
 import sys
 
@@ -27,6 +28,12 @@ def dali_installed():
 
 
 needs_dali = pytest.mark.skipif(not dali_installed(), reason="needs nvidia-dali (requirements-dali.txt)")
+
+
+@pytest.mark.skipif(not os.environ.get("CI"), reason="only CI must have DALI (make test installs it)")
+def test_dali_is_installed_under_ci():
+    # Elsewhere the DALI tests skip without DALI; under CI that would hide a broken DALI loader.
+    assert dali_installed(), "make test installs requirements-dali.txt; DALI must be importable under CI"
 
 
 @pytest.fixture(scope="module")

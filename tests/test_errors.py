@@ -134,3 +134,15 @@ def test_refused_at_the_last_set_up_step_writes_nothing(data_files, tmp_path, ca
     train.main(args(data_files, expdir, "--device=cpu", "--num_epochs=1"))  # the same run directory, now free
     assert (expdir / "test" / "1CPU" / "00" / "checkpoint.pt").exists()
     assert "Configuration" in (expdir / "test" / "1CPU" / "00" / "out.log").read_text()  # the early lines too
+
+
+@pytest.mark.parametrize("loader", ["inmem", "gpu-inmem"])
+def test_volume_larger_than_memory(data_files, tmp_path, capsys, monkeypatch, loader):
+    # The real training file is 1024^3 x 9 channels (38.7 GB): on a machine with less free memory the
+    # in-memory loaders refuse it up front instead of being killed. Here the machine "has" 1 MB.
+    import utils.data_loader
+
+    monkeypatch.setattr(utils.data_loader, "available_host_memory", lambda: 10**6)
+    assert_refused(args(data_files, tmp_path / "runs", f"--data_loader_config={loader}"), capsys, tmp_path / "runs",
+                   f"--data_loader_config={loader} reads the whole volume of {data_files['train']}",
+                   "only 0.0 GB is available", "--data_loader_config=lowmem")

@@ -32,7 +32,8 @@ def save_checkpoint(path, model, optimizer, scaler, position, params, world=Worl
         "position": dict(position),
         "rng": {
             "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            # Only a CUDA run has CUDA generators worth saving (a CPU run never touches the GPU).
+            "cuda": torch.cuda.get_rng_state_all() if next(model.parameters()).device.type == "cuda" else [],
         },
         "params": params.to_dict(),
     }

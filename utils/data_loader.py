@@ -54,6 +54,26 @@ def inspect_volume(path, n_in, n_out):
     return side
 
 
+def available_host_memory():
+    """Bytes of memory the kernel could give this process now (Linux), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def check_host_memory(path, side, channels, bytes_per_value, loader):
+    """Refuse to load a volume that does not fit in memory, before the kernel kills the process."""
+    needed, available = side**3 * channels * bytes_per_value, available_host_memory()
+    if available is not None and needed > available:
+        raise UserError(f"--data_loader_config={loader} reads the whole volume of {path} ({side}^3 voxels, "
+                        f"{needed / 1e9:.1f} GB) into memory, but only {available / 1e9:.1f} GB is available "
+                        "here. Use --data_loader_config=lowmem, which reads each crop from disk (or "
+                        "dali-lowmem, or gpu-inmem on a GPU with room for it).")
+
+
 class CropSampler(DistributedSampler):
     """This rank's share of the sample indices, as ``(epoch, index)`` keys.
 
@@ -139,6 +159,7 @@ class InMemoryDataset(RandomCropDataset):
 
     def __init__(self, params, path, num_samples, split, box_side, augment):
         super().__init__(params, num_samples, split, box_side, augment)
+        check_host_memory(path, box_side, params.N_in_channels + params.N_out_channels, 4, "inmem")
         with h5py.File(path, "r") as f:
             self.nbody = f["Nbody"][...].astype(np.float32, copy=False)
             self.hydro = f["Hydro"][...].astype(np.float32, copy=False)

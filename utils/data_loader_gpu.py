@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from utils import symmetry
-from utils.data_loader import TRAIN_SPLIT, VALID_SPLIT, build_dataset
+from utils.data_loader import TRAIN_SPLIT, VALID_SPLIT, build_dataset, check_host_memory
 from utils.errors import UserError
 
 SLAB_BYTES = 256 * 2**20  # upload the volume this many bytes at a time: bounds host memory
@@ -144,6 +144,8 @@ def upload_volume(path, device, dtype):
         datasets = (f["Nbody"], f["Hydro"])
         side = datasets[0].shape[-1]
         channels = sum(d.shape[0] for d in datasets)
+        if torch.device(device).type == "cpu":  # "GPU-resident" on CPU tensors: host memory must hold it
+            check_host_memory(path, side, channels, torch.finfo(dtype).bits // 8, "gpu-inmem")
         try:
             volume = torch.empty((side, side, side, channels), dtype=dtype, device=device)
         except torch.cuda.OutOfMemoryError:
