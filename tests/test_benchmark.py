@@ -283,10 +283,10 @@ def test_output_path_follows_benchy_output(monkeypatch):
     config = copy.deepcopy(benchmark.DEFAULT_CONFIG)
     monkeypatch.delenv("BENCHY_OUTPUT", raising=False)
     assert benchmark.output_path(config, "run") == "run/benchy_result.json"
-    monkeypatch.setenv("BENCHY_OUTPUT", "weak_scale")
-    assert benchmark.output_path(config, "run") == "run/weak_scale.json"
+    monkeypatch.setenv("BENCHY_OUTPUT", "scaling/weak_scale")  # as typed: from the working directory
+    assert benchmark.output_path(config, "run") == os.path.join(os.getcwd(), "scaling", "weak_scale.json")
     config["global"]["output_dir"] = "/logs"
-    assert benchmark.output_path(config, "run") == "/logs/weak_scale.json"
+    assert benchmark.output_path(config, "run") == "/logs/scaling/weak_scale.json"
 
 
 # ----------------------------------------------------------------------------- the GitHub benchy

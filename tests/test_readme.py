@@ -1,8 +1,30 @@
-"""README.md: every relative link and image points at something that exists; the Quick start is there."""
+"""README.md: links, images and section anchors exist; the Quick start is there; every command it shows
+is either run here on CPU or listed with the reason it is not.
+
+Every command of the README's ```bash blocks (tests/readme_commands.py extracts them) must appear in
+RUN or in NOT_RUN below; a command in neither fails `test_every_readme_command_is_classified`, so a
+new command cannot enter the README untested by accident. RUN commands are run as written, from a
+scratch directory (links to the code, small real data files in data/, nothing written into the
+repository), with tiny sizes appended where they train; each must exit 0 and leave what it promises.
+"""
+import glob
+import json
 import os
 import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import h5py
+import numpy as np
+import pytest
+import yaml
 
 from conftest import ROOT
+from readme_commands import copy_data, make_scratch, readme_commands, shell_line
+from utils.generate_data import generate_box, write_h5
 
 README = open(os.path.join(ROOT, "README.md")).read()
 
@@ -36,3 +58,324 @@ def test_quick_start_has_the_two_commands_and_ci_runs_the_second():
     assert "make demo" in quick_start and "make test" in quick_start
     ci = open(os.path.join(ROOT, ".ci", "run")).read()
     assert re.search(r"^make test$", ci, flags=re.M)
+
+
+def table_rows(text):
+    """{first cell: [other cells]} of the markdown table rows in ``text``."""
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("|") and not line.startswith("|---")]
+    return {row[0]: row[1:] for row in rows}
+
+
+def test_quoted_benchmark_numbers_are_those_of_the_results_file_linked():
+    """A table quoted under a link to benchmarks/results/*.md must repeat that file's numbers."""
+    for link in re.finditer(r"\]\((benchmarks/results/[^)]+\.md)\)", README):
+        following_table = "|" + README[link.end():].split("\n\n|", 1)[1].split("\n\n", 1)[0]
+        quoted = table_rows(following_table)
+        with open(os.path.join(ROOT, link.group(1))) as f:
+            measured = table_rows(f.read())
+        header = measured.pop("rung")
+        quoted_header = quoted.pop("rung")
+        assert quoted, f"no table after the link to {link.group(1)}"
+        for name, values in quoted.items():
+            assert name in measured, f"the README quotes a rung {name!r} that {link.group(1)} does not have"
+            by_column = dict(zip(header, measured[name]))
+            assert values == [by_column[column] for column in quoted_header], (name, values, measured[name])
+
+
+# ----------------------------------------------------------------------------- the commands not run here
+
+SLURM = ("needs a Slurm cluster with GPU nodes (Perlmutter); submit_pm.sh itself is submitted to a real "
+         "one-node Slurm by tests/test_slurm.py")
+# (regular expression matched against the whole command, reason)
+NOT_RUN = [
+    (r"make demo", "tests/test_demo.py runs the demo's training end to end; here it would also build .venv"),
+    (r"make test", "the test suite itself"),
+    (r"docker build .*", "needs a Docker engine; tests/test_docker.py lints docker/Dockerfile with hadolint"),
+    (r"podman-hpc build .*", "needs Perlmutter's podman-hpc; tests/test_docker.py lints docker/Dockerfile"),
+    (r"(\w+=\S*\s+)*sbatch .*", SLURM),
+    (r"for .*; do .*sbatch .*; done", SLURM),
+    (r"\.venv/bin/pip install -r requirements-dali\.txt",
+     "downloads about 1 GB; make test installs DALI (requirements-test.txt) and tests/test_data_loader_dali.py "
+     "runs the DALI loader in its CPU mode"),
+    (r"torchrun --nproc_per_node=4 train\.py --config=bs256_opt .*", "needs four GPUs"),
+    (r"nsys profile .*", "needs Nsight Systems and a GPU; tests/test_profiling.py checks the NVTX ranges and "
+                         "the profiler window"),
+    (r"python -m benchmarks\.ladder", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
+]
+
+# ----------------------------------------------------------------------------- the commands run here
+
+# A few steps of a few crops: seconds per run. The preview image and physics metrics (matplotlib) and the
+# checkpoint (48 MB for the demo model) are skipped except where a test needs them. --device=cpu keeps
+# the runs CPU runs on a GPU machine too.
+TINY = ("--Nsamples=16 --Nsamples_val=8 --num_epochs=1 --device=cpu --preview_image=false --val_metrics=false "
+        "--checkpoint=false")
+# The full-width, full-scale configs (base, short) shrunk to what a 2-core CPU trains in a second.
+SMALL_MODEL = "--crop_size=32 --base_channels=4 --global_batch_size=4 --full_scale=false"
+# benchy_config.yaml with 2 batches, 1 warm-up and 1 timed trial per kind: the trials take 4 epochs.
+TINY_TRIALS = {"nbatches": 2, "ntrials": 1, "nwarmup": 1}
+
+
+@dataclass
+class Run:
+    """How a README command is run: ``append`` goes at its end, ``env`` into its environment
+    (``{scratch}`` is the scratch directory), ``before`` are command lines run first (not README
+    commands: the state the README command expects), and ``check(scratch, output)`` asserts on what it
+    made. ``data``: whether data/ holds the synthetic files first. ``xfail``: a known code bug."""
+    append: str = ""
+    env: dict = field(default_factory=dict)
+    before: tuple = ()
+    data: bool = True
+    check: Optional[Callable] = None
+    xfail: str = ""
+
+
+def run_dir(scratch, config, devices="1CPU", run_num="00"):
+    """The run directory of a finished run (its log ends with "Done.")."""
+    path = os.path.join(scratch, "runs", config, devices, run_num)
+    made = sorted(glob.glob(os.path.join(scratch, "runs", "*", "*", "*")))
+    log = os.path.join(path, "out.log")
+    assert os.path.isfile(log), f"no run in {path}; run directories made: {made}"
+    with open(log) as f:
+        assert "Done. TensorBoard logs" in f.read(), f"the run in {path} did not finish"
+    return path
+
+
+def resolved_config(path):
+    with open(os.path.join(path, "config.yaml")) as f:
+        return yaml.safe_load(f)
+
+
+def check_generated(side_train, side_valid):
+    def check(scratch, output):
+        for name, side in (("synthetic_train", side_train), ("synthetic_valid", side_valid)):
+            with h5py.File(os.path.join(scratch, "data", f"{name}.h5")) as f:
+                assert f["Nbody"].shape == (4, side, side, side) and f["Hydro"].shape == (5, side, side, side)
+            assert os.path.isfile(os.path.join(scratch, "data", f"{name}_npy", "data.npy"))
+    return check
+
+
+def check_npy(scratch, output):
+    data = np.load(os.path.join(scratch, "data", "synthetic_train_npy", "data.npy"), mmap_mode="r")
+    label = np.load(os.path.join(scratch, "data", "synthetic_train_npy", "label.npy"), mmap_mode="r")
+    assert data.shape == (64, 64, 64, 4) and label.shape == (64, 64, 64, 5)  # channel last
+
+
+def check_run(config, devices="1CPU", **expected):
+    def check(scratch, output):
+        resolved = resolved_config(run_dir(scratch, config, devices))
+        for key, value in expected.items():
+            assert resolved[key] == value, (key, resolved[key])
+    return check
+
+
+def check_preview(scratch, output):
+    path = run_dir(scratch, "demo")
+    assert open(os.path.join(path, "preview.png"), "rb").read(4) == b"\x89PNG"
+    assert glob.glob(os.path.join(path, "logs", "events.out.tfevents.*"))
+
+
+def check_real_paths(scratch, output):
+    resolved = resolved_config(run_dir(scratch, "demo"))
+    assert resolved["train_path"] == os.path.join(scratch, "real", "downsamp_2048crop_train.h5")
+    assert resolved["val_path"] == os.path.join(scratch, "real", "downsamp_1024crop_valid.h5")
+
+
+def check_resumed(scratch, output):
+    run_dir(scratch, "demo", run_num="01")
+    assert "Resumed from" in output and "Time taken for epoch 2 " in output and "Time taken for epoch 1 " not in output
+
+
+def check_trace(scratch, output):
+    assert glob.glob(os.path.join(run_dir(scratch, "short"), "profile", "*.pt.trace.json"))
+
+
+def check_snapshot_message(scratch, output):
+    run_dir(scratch, "short")
+    assert "CUDA memory snapshots need a GPU" in output
+
+
+def check_benchy(scratch, output):
+    for kind in ("IO", "SYNTHETIC", "FULL"):
+        assert re.search(rf"BENCHY::SUMMARY::\s*{kind} average trial throughput: [\d.]+ \+/- [\d.]+", output), kind
+    with open(os.path.join(scratch, "runs", "short", "1CPU", "00", "benchy_output.json")) as f:
+        assert json.load(f)["FULL"]["trial_throughput"]
+
+
+def check_ladder(scratch, output):
+    (path,) = glob.glob(os.path.join(scratch, "benchmarks", "results", "*.json"))
+    with open(path) as f:
+        report = json.load(f)
+    assert report["command"] == "python -m benchmarks.ladder --preset cpu --nbatches 2 --ntrials 1 --nwarmup 1"
+    assert report["runs"] and all("error" not in run and run["full"] > 0 for run in report["runs"]), report["runs"]
+
+
+def check_png(name):
+    def check(scratch, output):
+        assert open(os.path.join(scratch, name), "rb").read(4) == b"\x89PNG"
+    return check
+
+
+def benchy_run(name, *extra):
+    """A one-rank benchy run that writes scaling/<name>.json: the kind of file the sbatch loop makes."""
+    return (f"BENCHY_OUTPUT=scaling/{name} python train.py --config=test --run_num={name} --enable_benchy "
+            f"--num_epochs=4 {' '.join(extra)}")
+
+
+# The README command, exactly as extracted (one line, single spaces), and how it is run.
+RUN = {
+    "make data": Run(data=False, check=check_generated(128, 64)),
+    "python -m utils.generate_data --out_dir data": Run(
+        data=False, append="--train_size 32 --val_size 16", check=check_generated(32, 16)),
+    # Overwrites the scratch copies (--force); smaller boxes than the README's, to stay quick.
+    "python -m utils.generate_data --train_size 256 --val_size 128 --force": Run(
+        append="--train_size 32 --val_size 16", check=check_generated(32, 16)),
+    "python -m utils.convert_h5_to_npy -i data/synthetic_train.h5 -d Nbody -l Hydro": Run(check=check_npy),
+    "python train.py --config=short --num_epochs 4 --num_data_workers 8": Run(
+        append=f"{SMALL_MODEL} {TINY}", check=check_run("short", num_data_workers=8)),
+    "python train.py --config=demo --crop_size=64 --full_scale --start_lr=1e-3": Run(
+        append=f"{TINY} --Nsamples=8", check=check_run("demo", crop_size=64, full_scale=True, start_lr=1e-3)),
+    "python train.py --config=demo": Run(
+        append=TINY.replace(" --preview_image=false", ""), check=check_preview),
+    "python train.py --config=short --num_epochs 4": Run(append=f"{SMALL_MODEL} {TINY}", check=check_run("short")),
+    "python train.py --config=demo --train_path=$DATA_DIR/downsamp_2048crop_train.h5 "
+    "--val_path=$DATA_DIR/downsamp_1024crop_valid.h5": Run(
+        append=TINY, env={"DATA_DIR": "{scratch}/real"}, check=check_real_paths),
+    # First a one-epoch run under the same run name; the README's --resume then continues it to epoch 2.
+    "python train.py --config=demo --run_num=01 --resume": Run(
+        before=(f"python train.py --config=demo --run_num=01 {TINY} --checkpoint=true",),
+        append=f"{TINY} --num_epochs=2 --checkpoint=true",
+        check=check_resumed),
+    "python train.py --config=short --num_epochs 4 --profiler=torch": Run(
+        append=f"{SMALL_MODEL} {TINY} --profile_start_epoch=1 --profile_steps=2", check=check_trace),
+    "python train.py --config=short --num_epochs 1 --memory_snapshot": Run(
+        append=f"{SMALL_MODEL} {TINY}", check=check_snapshot_message),
+    # benchy ends the run itself when its (tiny) trials are done: the README's 15 epochs stay.
+    "python train.py --config=short --num_epochs 15 --enable_benchy": Run(
+        append=f"{SMALL_MODEL} {TINY.replace(' --num_epochs=1', '')}",
+        env={"BENCHY_CONFIG_FILE": "{scratch}/benchy.yaml"}, check=check_benchy),
+    "python -m benchmarks.ladder --preset cpu": Run(append="--nbatches 2 --ntrials 1 --nwarmup 1", check=check_ladder),
+    "torchrun --nproc_per_node=2 train.py --config=demo --device=cpu": Run(
+        append=TINY, check=check_run("demo", devices="2CPU", world_size=2)),
+    "torchrun --standalone --nproc_per_node=2 train.py --config=demo --device=cpu --local_batch_size=8 "
+    "--lr_scaling=sqrt --bucket_cap_mb=100 --disable_broadcast_buffers --ddp_comm_hook=bf16": Run(
+        append=TINY, check=check_run("demo", devices="2CPU", global_batch_size=16, ddp_comm_hook="bf16")),
+    # Its inputs come from the sbatch loop above; here from two real one-rank CPU benchy runs.
+    "python -m utils.plot_scaling --ddp scaling/ddp_*.json --noddp scaling/noddp_*.json --out scaling.png": Run(
+        before=(benchy_run("ddp_1"), benchy_run("noddp_1", "--noddp")),
+        env={"BENCHY_CONFIG_FILE": "{scratch}/benchy.yaml"}, check=check_png("scaling.png")),
+}
+
+COMMANDS = readme_commands(README)
+
+
+def classify(command):
+    """('run', Run) or ('not run', reason) or (None, None)."""
+    if command in RUN:
+        return "run", RUN[command]
+    for pattern, reason in NOT_RUN:
+        if re.fullmatch(pattern, command):
+            return "not run", reason
+    return None, None
+
+
+def test_every_readme_command_is_classified():
+    assert COMMANDS, "the README shows commands in ```bash blocks"
+    unclassified = [c for c in COMMANDS if classify(c)[0] is None]
+    assert not unclassified, ("README commands that are neither in RUN nor in NOT_RUN of tests/test_readme.py; "
+                              f"run them there, or give the reason they cannot run: {unclassified}")
+    both = [c for c in COMMANDS if c in RUN and any(re.fullmatch(p, c) for p, _ in NOT_RUN)]
+    assert not both, f"in RUN and in NOT_RUN: {both}"
+    stale = [c for c in RUN if c not in COMMANDS] + [p for p, _ in NOT_RUN
+                                                    if not any(re.fullmatch(p, c) for c in COMMANDS)]
+    assert not stale, f"entries of RUN or NOT_RUN that match no README command any more: {stale}"
+
+
+def test_a_command_new_to_the_readme_is_unclassified_until_listed():
+    assert classify("python train.py --config=demo --a_new_option") == (None, None)
+    assert classify("BENCHY_OUTPUT=x sbatch -N 4 ./submit_pm.sh --config=bs256_opt")[0] == "not run"
+
+
+def test_the_extraction_joins_continuations_drops_comments_and_keeps_loops_whole():
+    from readme_commands import commands
+
+    block = ("# a comment line\nnsys profile -o x \\\n    python train.py --config=short   # profile it\n"
+             "for n in 1 2; do\n    echo $n  # each\n    echo done-ish\ndone\npython -c 'print(\"#\")'\n")
+    assert commands(block) == ["nsys profile -o x python train.py --config=short",
+                               "for n in 1 2; do echo $n; echo done-ish; done", "python -c 'print(\"#\")'"]
+
+
+@pytest.fixture(scope="module")
+def readme_data(tmp_path_factory):
+    """Small real files in the data set's layout: 64^3 boxes, so that a 64^3 crop fits too."""
+    directory = tmp_path_factory.mktemp("readme_data")
+    paths = {}
+    for name, seed in (("train", 1), ("valid", 2)):
+        nbody, hydro = generate_box(64, seed)
+        paths[name] = str(directory / f"{name}.h5")
+        write_h5(paths[name], nbody, hydro, {"seed": seed})
+    return paths
+
+
+# Where the scratch directory holds copies of the small data files, under which names.
+DATA_FOLDERS = {
+    "data": ("synthetic_train.h5", "synthetic_valid.h5"),                  # the configs' default paths
+    "data/benchmark": ("synthetic_train.h5", "synthetic_valid.h5"),        # the ladder's default --data_dir
+    "real": ("downsamp_2048crop_train.h5", "downsamp_1024crop_valid.h5"),  # $DATA_DIR: the real files' names
+}
+
+
+def write_tiny_benchy_config(path):
+    with open(os.path.join(ROOT, "benchy_config.yaml")) as f:
+        config = yaml.safe_load(f)
+    for kind in ("IO", "synthetic", "full"):
+        config[kind].update(TINY_TRIALS)
+    with open(path, "w") as f:
+        yaml.safe_dump(config, f)
+
+
+def run_shell(line, scratch, env):
+    return subprocess.run(["bash", "-c", line], cwd=scratch, env=env, capture_output=True, text=True, timeout=300)
+
+
+def command_id(command, limit=90):
+    """The test id of a command: the command itself, long ones cut in the middle."""
+    return command if len(command) <= limit else command[:limit // 2 - 2] + "..." + command[-(limit // 2 - 1):]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [
+    pytest.param(c, id=command_id(c),
+                 marks=pytest.mark.xfail(strict=True, reason=RUN[c].xfail) if RUN[c].xfail else ())
+    for c in COMMANDS if c in RUN])
+def test_readme_command_runs_on_cpu(command, tmp_path, readme_data):
+    run = RUN[command]
+    scratch = make_scratch(tmp_path, ROOT)
+    if command.startswith("make ") and not os.path.isdir(os.path.join(scratch, ".venv")):
+        pytest.skip("make would build a .venv here: run the tests from the repository's virtual environment")
+    wanted = {"data": run.data, "data/benchmark": "benchmarks.ladder" in command, "real": "$DATA_DIR" in command}
+    for folder, (train_name, valid_name) in DATA_FOLDERS.items():
+        if wanted[folder]:
+            copy_data([(readme_data["train"], os.path.join(scratch, folder, train_name)),
+                       (readme_data["valid"], os.path.join(scratch, folder, valid_name))])
+    write_tiny_benchy_config(os.path.join(scratch, "benchy.yaml"))
+    # Nothing of the caller's make (its variables travel in MAKEFLAGS), Slurm job or benchy settings.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("BENCHY_", "SLURM_", "MAKE")) and k not in ("MFLAGS", "DATA_DIR", "TENSORBOARD_LOGDIR")}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env.update({key: value.format(scratch=scratch) for key, value in run.env.items()})
+
+    try:
+        for line in run.before:
+            result = run_shell(shell_line(line), scratch, env)
+            assert result.returncode == 0, f"set-up `{line}` failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        line = shell_line(command) + (" " + run.append if run.append else "")
+        result = run_shell(line, scratch, env)
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, f"`{line}` exited with {result.returncode}:\n{output[-5000:]}"
+        if run.check:
+            run.check(scratch, output)
+    finally:  # pytest keeps the last runs' tmp_path: keep the logs, not the data copies
+        for folder in ("data", "real"):
+            shutil.rmtree(os.path.join(scratch, folder), ignore_errors=True)

@@ -18,8 +18,8 @@ named by ``BENCHY_CONFIG_FILE``; without it, ``benchy_config.yaml`` at the top o
 
 Throughputs are samples per second of the whole job, as benchy counts them: rank 0's trial time
 for ``nbatches`` local batches times the number of ranks. Mean and population standard deviation
-are over the timed trials. The results go to a JSON file: ``$BENCHY_OUTPUT.json`` when that is
-set, else ``output_filename`` in ``output_dir`` (default: the run directory).
+are over the timed trials. The results go to a JSON file: ``$BENCHY_OUTPUT.json`` (from the working
+directory) when that is set, else ``output_filename`` in ``output_dir`` (default: the run directory).
 
 When the GitHub benchy is importable and the device is a GPU, its own ``benchy.torch`` wrapper
 runs the trials. Otherwise the built-in :class:`BenchyLoader` below does, with one difference in
@@ -315,14 +315,18 @@ def check_benchy_options(params, device=None):
 
 
 def output_path(config, run_dir):
-    """Where the JSON results go: ``$BENCHY_OUTPUT.json``, else ``output_filename`` in ``output_dir``."""
+    """Where the JSON results go.
+
+    ``BENCHY_OUTPUT=name`` writes ``name.json``, a path from the working directory as users type it
+    (``BENCHY_OUTPUT=scaling/ddp_4`` -> ./scaling/ddp_4.json), or inside ``output_dir`` when the
+    config sets one. Without it: ``output_filename`` in ``output_dir``, else in the run directory.
+    """
     name = os.environ.get("BENCHY_OUTPUT")
     if name:
         filename = name if name.endswith(".json") else name + ".json"
-    else:
-        filename = config["global"]["output_filename"]
+        return os.path.join(config["global"]["output_dir"] or os.getcwd(), filename)
     directory = config["global"]["output_dir"] or run_dir or os.getcwd()
-    return os.path.join(directory, filename)
+    return os.path.join(directory, config["global"]["output_filename"])
 
 
 # ----------------------------------------------------------------------------- the built-in trials
