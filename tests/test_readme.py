@@ -102,6 +102,10 @@ NOT_RUN = [
     (r"nsys profile .*", "needs Nsight Systems and a GPU; tests/test_profiling.py checks the NVTX ranges and "
                          "the profiler window"),
     (r"python -m benchmarks\.ladder", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
+    (r"python -m benchmarks\.profiles", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
+    (r"salloc .*", "needs a Slurm allocation of GPU nodes; tests/test_slurm.py runs srun under a real Slurm"),
+    (r"export MASTER_ADDR=.*", "only inside a Slurm allocation (reads SLURM_JOB_NODELIST)"),
+    (r"srun .*", "needs a Slurm allocation of GPU nodes; tests/test_slurm.py runs srun under a real Slurm"),
 ]
 
 # ----------------------------------------------------------------------------- the commands run here
@@ -211,6 +215,13 @@ def check_ladder(scratch, output):
     assert report["runs"] and all("error" not in run and run["full"] > 0 for run in report["runs"]), report["runs"]
 
 
+def check_profiles(scratch, output):
+    with open(os.path.join(scratch, "profiles_out", "profiles.json")) as f:
+        [entry] = json.load(f)["profiles"]
+    assert "error" not in entry and entry["phase_ms_per_step"]["forward"] > 0, entry
+    assert os.path.isfile(os.path.join(scratch, "profiles_out", entry["file"]))
+
+
 def check_png(name):
     def check(scratch, output):
         assert open(os.path.join(scratch, name), "rb").read(4) == b"\x89PNG"
@@ -256,6 +267,9 @@ RUN = {
         append=f"{SMALL_MODEL} {TINY.replace(' --num_epochs=1', '')}",
         env={"BENCHY_CONFIG_FILE": "{scratch}/benchy.yaml"}, check=check_benchy),
     "python -m benchmarks.ladder --preset cpu": Run(append="--nbatches 2 --ntrials 1 --nwarmup 1", check=check_ladder),
+    # One rung, two steps, written into the scratch folder (the default folder, example_logs/, is linked here).
+    "python -m benchmarks.profiles --preset cpu": Run(
+        append="--only gpu_inmem --steps 2 --data_dir data --out_dir profiles_out", check=check_profiles),
     "torchrun --nproc_per_node=2 train.py --config=demo --device=cpu": Run(
         append=TINY, check=check_run("demo", devices="2CPU", world_size=2)),
     "torchrun --standalone --nproc_per_node=2 train.py --config=demo --device=cpu --local_batch_size=8 "
