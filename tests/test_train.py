@@ -138,6 +138,18 @@ def test_a_signal_anywhere_in_an_epoch_resumes_cleanly(data_files, tmp_path, nsa
     assert [e.value for e in cut] == pytest.approx([e.value for e in whole], rel=1e-5, abs=1e-7)
 
 
+def test_the_cpu_capable_speed_options_train_together(data_files, tmp_path):
+    # bf16 autocast, channels_last_3d, torch's fused Adam and the TorchScript loss, in one real run.
+    result = run_train(data_args(data_files, tmp_path, "--run_num=fast", "--amp_mode=bf16", "--channels_last",
+                                 "--enable_fused", "--enable_jit", "--Nsamples=32"))
+    log = (tmp_path / "test" / "1CPU" / "fast" / "out.log").read_text()
+    for option in ("amp_mode: bf16", "channels_last: True", "enable_fused: True", "enable_jit: True"):
+        assert option in log, option
+    losses = [e.value for e in read_events(tmp_path / "test" / "1CPU" / "fast").Scalars("Loss/train")]
+    assert all(0 < loss < 1 for loss in losses) and losses[-1] < losses[0], losses
+    assert "Traceback" not in result.stderr
+
+
 def test_demo_config_trains_on_any_pair_of_files(data_files, tmp_path):
     # The two files have different box sides (48 and 32); nothing in the config says so.
     run_train(["--config=demo", f"--train_path={data_files['train']}", f"--val_path={data_files['valid']}",
