@@ -261,9 +261,10 @@ def main(argv=None, make_step=None, graph_capture=False):
     move = functools.partial(to_device, device=device, memory_format=memory_format(params))
     step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
 
-    # All set up: now the run directory, and the checkpoint's states when resuming.
-    create_run_dir(run_dir, options, params, world)
+    # The checkpoint's states when resuming (a checkpoint that does not fit is refused before the
+    # run's config.yaml and out.log are touched), then the run directory.
     position = resume(run_dir, model, optimizer, precision.scaler) if options["resume"] else Position()
+    create_run_dir(run_dir, options, params, world)
 
     steps_per_epoch = len(train_loader)
     schedule = functools.partial(lr_schedule, total_steps=params.num_epochs * steps_per_epoch, params=params)

@@ -146,3 +146,15 @@ def test_volume_larger_than_memory(data_files, tmp_path, capsys, monkeypatch, lo
     assert_refused(args(data_files, tmp_path / "runs", f"--data_loader_config={loader}"), capsys, tmp_path / "runs",
                    f"--data_loader_config={loader} reads the whole volume of {data_files['train']}",
                    "only 0.0 GB is available", "--data_loader_config=lowmem")
+
+
+def test_resume_with_a_checkpoint_that_does_not_fit(data_files, tmp_path, capsys):
+    expdir = tmp_path / "runs"
+    train.main(args(data_files, expdir, "--num_epochs=1"))
+    run_dir = expdir / "test" / "1CPU" / "00"
+    before = {name: (run_dir / name).read_bytes() for name in ("config.yaml", "out.log", "checkpoint.pt")}
+    code, message = run_main(args(data_files, expdir, "--resume", "--base_channels=8"), capsys)
+    message = " ".join(message.split())
+    assert code == 2 and "does not fit this run" in message and "config.yaml beside it" in message
+    # The config.yaml the message points to is still the run's own: nothing was overwritten.
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
