@@ -138,7 +138,7 @@ def find_nsys():
 
 def try_nsys(nsys, command, out_base, log_path, timeout):
     """Profile ``command`` under Nsight Systems; returns ``{file}`` or ``{error}``, honestly."""
-    wrapped = [nsys, "profile", "--trace=cuda,nvtx", "-c", "cudaProfilerApi", "--kill", "none", "-f", "true",
+    wrapped = [nsys, "profile", "--trace=cuda,cublas,nvtx", "-c", "cudaProfilerApi", "--kill", "none", "-f", "true",
                "-o", out_base, sys.executable, *command]
     with open(log_path, "w") as log:
         code = subprocess.run(wrapped, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
@@ -199,7 +199,7 @@ def profile_rung(rung, preset, args, common, work_dir, device_name):
                                   steps, extra=["--enable_manual_profiling"])
             entry["nsys"] = try_nsys(nsys, manual, os.path.join(args.out_dir, slug),
                                      os.path.join(args.out_dir, f"{slug}_nsys.log"), args.timeout)
-            entry["nsys"]["command"] = (f"nsys profile --trace=cuda,nvtx -c cudaProfilerApi --kill none -f true -o "
+            entry["nsys"]["command"] = (f"nsys profile --trace=cuda,cublas,nvtx -c cudaProfilerApi --kill none -f true -o "
                                         f"{slug} python " + shlex.join(relative_args(manual)))
     return entry
 
