@@ -34,6 +34,7 @@ import sys
 import torch
 
 from benchmarks.ladder import make_data
+from utils.profiling import range_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PHASES = ("step", "data copy in", "forward", "backward", "optimizer")
@@ -82,8 +83,7 @@ def summarise_trace(trace, steps):
     for event in events:
         if event.get("cat") != "user_annotation":
             continue
-        name = event["name"]
-        base = name.rsplit(" ", 1)[0] if name.rsplit(" ", 1)[-1].isdigit() else name
+        base = range_name(event["name"])
         if base in PHASES:
             phases[base] += event["dur"] / 1e3
     summary = {"steps": steps, "phase_ms_per_step": {p: round(phases[p] / steps, 3) for p in PHASES if p in phases}}

@@ -257,3 +257,10 @@ def test_benchy_with_a_profiler_is_refused(option):
     params = params_for(enable_benchy=True, profile_start_epoch=1, num_epochs=20, **option)
     with pytest.raises(UserError, match="cannot be combined"):
         check_profiling_options(params, steps_per_epoch=4)
+
+
+def test_range_name_recovers_what_annotate_was_given():
+    from utils.profiling import range_name
+
+    assert [range_name(n) for n in ("step 7", "data copy in 12", "forward", "ProfilerStep#3", "7")] == \
+        ["step", "data copy in", "forward", "ProfilerStep#3", "7"]

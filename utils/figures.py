@@ -26,6 +26,8 @@ import sys
 
 import numpy as np
 
+from utils.profiling import range_name
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -127,7 +129,7 @@ def profile_timeline(trace, title, path, steps=2):
         if not start <= event["ts"] < end:
             continue
         name = event["name"]
-        base = name.rsplit(" ", 1)[0] if name.rsplit(" ", 1)[-1].isdigit() else name
+        base = range_name(name)
         if base in rows:
             rows[base].append(event)
         elif name.startswith("enumerate(DataLoader)") or "data_loader" in name.lower():

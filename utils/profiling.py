@@ -120,6 +120,12 @@ def annotate(name, index=None):
     return inactive
 
 
+def range_name(name):
+    """The name :func:`annotate` was given, from the range it made (``"step 7"`` -> ``"step"``)."""
+    base, _, last = name.rpartition(" ")
+    return base if base and last.isdigit() else name
+
+
 def enable_annotations(nvtx=False):
     """Switch annotate() on: record_function ranges everywhere, plus NVTX ranges when ``nvtx``.
 
