@@ -54,7 +54,13 @@ class World:
 
 
 class LostRankError(UserError):
-    """Another rank died or stopped answering; this one gives up instead of waiting forever."""
+    """Another rank died or stopped answering; this one gives up instead of waiting forever.
+
+    The process exits at once after the message: the communication threads of the broken process
+    group can make the interpreter's normal shutdown abort (SIGABRT) instead of exiting with 2.
+    """
+
+    hard_exit = True
 
 
 # The timeout in force, for the message of exit_on_lost_rank (set by init_process_group).

@@ -6,12 +6,20 @@ which prints the paragraph to stderr and exits with status 2. Nothing is written
 caller before the check that raises, so a refused run overwrites nothing.
 """
 import functools
+import logging
+import os
 import sys
 import textwrap
 
 
 class UserError(Exception):
-    """Something the user can fix: a missing file, a bad config value, an impossible size."""
+    """Something the user can fix: a missing file, a bad config value, an impossible size.
+
+    ``hard_exit``: end the process without the interpreter's clean-up, for errors after which that
+    clean-up itself can fail (a process group whose peer is gone).
+    """
+
+    hard_exit = False
 
 
 def format_user_error(error):
@@ -30,6 +38,10 @@ def exit_on_user_error(main):
             return main(*args, **kwargs)
         except UserError as error:
             print(format_user_error(error), file=sys.stderr, flush=True)
+            if error.hard_exit:
+                logging.shutdown()  # out.log complete on disk ...
+                sys.stdout.flush()
+                os._exit(2)  # ... then no destructors: they could abort on a broken process group
             sys.exit(2)
 
     return wrapper
