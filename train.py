@@ -324,7 +324,7 @@ def main(argv=None, make_step=None, graph_capture=False):
             # step does not count as mid-epoch: the epoch is whole, so it is validated and saved as such below.
             if position.batch_in_epoch < steps_per_epoch and stop.agreed():
                 checkpoint()
-                exit_on_signal(stop, position, run_dir, world)
+                exit_on_signal(stop, position, run_dir, world, tensorboard)
 
             steps = position.step - first_step
             train_loss = all_reduce_mean(losses.mean(), world).item()
@@ -344,7 +344,7 @@ def main(argv=None, make_step=None, graph_capture=False):
             checkpoint()
             tensorboard.flush()
             if stop.agreed():
-                exit_on_signal(stop, position, run_dir, world)
+                exit_on_signal(stop, position, run_dir, world, tensorboard)
             if params.enable_benchy and train_loader.stop_training:  # all trials done
                 break
 
@@ -360,11 +360,12 @@ def main(argv=None, make_step=None, graph_capture=False):
     shutdown(world)
 
 
-def exit_on_signal(stop, position, run_dir, world):
+def exit_on_signal(stop, position, run_dir, world, tensorboard):
     """End the process after SIGTERM/SIGUSR1, with the conventional status 128 + signal number."""
+    tensorboard.close()
     logging.info("Stopped at step %d (epoch %d) with a checkpoint in %s; continue with --resume.",
                  position.step, position.epoch + (position.batch_in_epoch > 0), run_dir)
-    shutdown(world)
+    shutdown(world, 128 + stop.received)
     sys.exit(128 + stop.received)
 
 

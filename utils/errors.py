@@ -39,9 +39,16 @@ def exit_on_user_error(main):
         except UserError as error:
             print(format_user_error(error), file=sys.stderr, flush=True)
             if error.hard_exit:
-                logging.shutdown()  # out.log complete on disk ...
-                sys.stdout.flush()
-                os._exit(2)  # ... then no destructors: they could abort on a broken process group
+                exit_now(2)
             sys.exit(2)
 
     return wrapper
+
+
+def exit_now(status):
+    """End the process with ``status`` once the logs and the output are flushed, skipping the
+    interpreter's clean-up (destructors, atexit handlers): for a process whose clean-up can abort it."""
+    logging.shutdown()  # out.log complete on disk
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
