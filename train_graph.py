@@ -34,8 +34,11 @@ def make_graph_step(model, optimizer, loss_fn, precision, params):
     def eager_step(inputs, targets):
         return train_step(model, optimizer, loss_fn, precision, inputs, targets)
 
+    calls = 0
+
     def step(inputs, targets):
-        if step.calls < params.graph_warmup_steps:
+        nonlocal calls
+        if calls < params.graph_warmup_steps:
             # Warm-up on a side stream, as capture requires: nothing of it may run on the default stream.
             warmup_stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(warmup_stream):
@@ -45,16 +48,16 @@ def make_graph_step(model, optimizer, loss_fn, precision, params):
             if not static:
                 static["inputs"], static["targets"] = inputs.clone(), targets.clone()
                 optimizer.zero_grad(set_to_none=True)  # backward in the graph makes the gradients
-                with torch.cuda.graph(graph):
+                # thread_local: the DataLoader's pin-memory thread may use CUDA during the capture.
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                     static["loss"] = eager_step(static["inputs"], static["targets"])
             static["inputs"].copy_(inputs, non_blocking=True)
             static["targets"].copy_(targets, non_blocking=True)
             graph.replay()
             loss = static["loss"].clone()  # the next replay overwrites the static loss
-        step.calls += 1
+        calls += 1
         return loss
 
-    step.calls = 0
     return step
 
 

@@ -16,6 +16,7 @@ The data set is the synthetic one (a 256^3 training box on a GPU), made first if
 import argparse
 import datetime
 import functools
+import gc
 import importlib.util
 import json
 import logging
@@ -88,10 +89,11 @@ def make_data(data_dir, box):
     return train_path, os.path.join(data_dir, "synthetic_valid.h5")
 
 
-def measure_rung(options, script, args, device):
+def measure_rung(options, script, args):
     """Build what `python <script> <options>` would train and time it; returns the trial summary."""
     _, params = load_params(options)
     params.update({"world_size": 1})
+    device = train.pick_device(params, World())  # as train.py: cuDNN autotuning and TF32 as the rung says
     train_loader, _ = get_data_loader_distributed(params, 0, device)
     graph = script == "train_graph.py"
     torch.manual_seed(params.seed)
@@ -169,8 +171,11 @@ def main(argv=None):
               + " ".join(sys.argv[1:] if argv is None else argv), "runs": []}
     for name, options, script in rungs:
         logging.info("=== %s: %s %s", name, script, " ".join(options))
+        gc.collect()  # the last rung's model, optimiser and graph go now, not into this rung's peak memory
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         try:
-            summary = measure_rung(common + options, script, args, device)
+            summary = measure_rung(common + options, script, args)
         except Exception as error:  # one broken rung must not lose the others' numbers
             logging.exception("rung %r failed", name)
             report["runs"].append({"name": name, "script": script, "options": options, "error": str(error)[:200]})
@@ -180,8 +185,6 @@ def main(argv=None):
                "peak_mem_gb": summary["peak_mem_gb"]}
         report["runs"].append(run)
         logging.info("%s", json.dumps(run))
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
 
     with open(base + ".json", "w") as f:
         json.dump(report, f, indent=2)

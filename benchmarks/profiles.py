@@ -116,11 +116,18 @@ def rung_command(script, common, options, expdir, run_num, steps, extra=()):
             "--preview_image=false", "--checkpoint=false", *extra]
 
 
-def run(command, log_path, timeout):
-    """Run ``python <command>`` in the repository; its output goes to ``log_path``."""
-    with open(log_path, "w") as log:
-        return subprocess.run([sys.executable, *command], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=timeout).returncode
+def run(argv, log_path, timeout, mode="w"):
+    """Run ``argv`` in the repository, its output to ``log_path``; the exit status, or a text saying
+    that it timed out (one stuck rung must not cost the others their profiles)."""
+    with open(log_path, mode) as log:
+        try:
+            return subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            return f"timed out after {timeout} s"
+
+
+def outcome(code):
+    return code if isinstance(code, str) else f"exit status {code}"
 
 
 def find_nsys():
@@ -140,8 +147,7 @@ def try_nsys(nsys, command, out_base, log_path, timeout):
     """Profile ``command`` under Nsight Systems; returns ``{file}`` or ``{error}``, honestly."""
     wrapped = [nsys, "profile", "--trace=cuda,cublas,nvtx", "-c", "cudaProfilerApi", "--kill", "none", "-f", "true",
                "-o", out_base, sys.executable, *command]
-    with open(log_path, "w") as log:
-        code = subprocess.run(wrapped, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
+    code = run(wrapped, log_path, timeout)
     if os.path.exists(out_base + ".nsys-rep"):
         return {"file": os.path.basename(out_base + ".nsys-rep"), "nsys": nsys}
     qdstrm = out_base + ".qdstrm"
@@ -149,16 +155,15 @@ def try_nsys(nsys, command, out_base, log_path, timeout):
         importers = glob.glob(os.path.join(os.path.dirname(nsys), "QdstrmImporter*")) + \
             glob.glob(os.path.join(os.path.dirname(nsys), "..", "*", "QdstrmImporter*"))
         for importer in importers:
-            with open(log_path, "a") as log:
-                subprocess.run([importer, "-i", qdstrm], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+            run([importer, "-i", qdstrm], log_path, timeout, mode="a")
             if os.path.exists(out_base + ".nsys-rep"):
                 os.remove(qdstrm)
                 return {"file": os.path.basename(out_base + ".nsys-rep"), "nsys": nsys, "importer": importer}
         os.remove(qdstrm)  # raw capture data, not a report: not kept
         return {"error": f"{nsys} wrote a .qdstrm capture but no .nsys-rep report "
                          f"({'no QdstrmImporter found' if not importers else 'QdstrmImporter failed'}); "
-                         f"exit status {code}, see {os.path.basename(log_path)}"}
-    return {"error": f"{nsys} made no report (exit status {code}), see {os.path.basename(log_path)}"}
+                         f"{outcome(code)}, see {os.path.basename(log_path)}"}
+    return {"error": f"{nsys} made no report ({outcome(code)}), see {os.path.basename(log_path)}"}
 
 
 def profile_rung(rung, preset, args, common, work_dir, device_name):
@@ -170,12 +175,12 @@ def profile_rung(rung, preset, args, common, work_dir, device_name):
                            extra=["--profiler=torch"])
     log_path = os.path.join(args.out_dir, f"{slug}.log")
     started = datetime.datetime.now(datetime.timezone.utc)
-    code = run(command, log_path, args.timeout)
+    code = run([sys.executable, *command], log_path, args.timeout)
     entry = {"rung": slug, "what": description, "command": "python " + shlex.join(relative_args(command)),
              "device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
              "date": started.isoformat(timespec="seconds"), "log": os.path.basename(log_path)}
     if code != 0:
-        entry["error"] = f"the run failed with exit status {code}; see {entry['log']}"
+        entry["error"] = f"the run failed ({outcome(code)}); see {entry['log']}"
         return entry
     # The run directory is <expdir>/<config>/1GPU|1CPU/<slug>; the scratch expdir starts empty.
     traces = glob.glob(os.path.join(work_dir, "runs", "*", "*", slug, "profile", "*.pt.trace.json"))

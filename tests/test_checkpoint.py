@@ -33,6 +33,21 @@ def test_round_trip_restores_weights_optimizer_position_and_rng(tmp_path):
     assert torch.equal(torch.rand(3), expected_draw)  # the RNG continues where the saved run was
 
 
+def test_a_learning_rate_tensor_stays_the_same_tensor(tmp_path):
+    """train_graph.py's optimiser keeps its LR in a device tensor that the captured graph reads; a
+    resume must set that tensor's value, not swap in the checkpoint's (CPU) copy."""
+    params = YParams("config/UNet.yaml", "test")
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=torch.tensor(2e-3), foreach=False)
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, model, optimizer, torch.amp.GradScaler("cpu", enabled=False),
+                    {"epoch": 1, "step": 4, "batch_in_epoch": 0}, params)
+    lr = optimizer.param_groups[0]["lr"]
+    lr.fill_(5e-4)
+    load_checkpoint(path, model, optimizer, torch.amp.GradScaler("cpu", enabled=False))
+    assert optimizer.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(2e-3)
+
+
 def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
     params = YParams("config/UNet.yaml", "test")
     model, optimizer, scaler = make_states(0)

@@ -193,14 +193,17 @@ def test_train_py_reports_ddp_and_fsdp_memory_per_rank(data_files, tmp_path):
     """train.py under torchrun, DDP then FSDP: the memory report in out.log and TensorBoard; rank 0 writes."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    reports = {}
-    for parallel in ("ddp", "fsdp"):
+    def torchrun(parallel):
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                    os.path.join(ROOT, "train.py"), "--config=test", f"--train_path={data_files['train']}",
                    f"--val_path={data_files['valid']}", f"--expdir={tmp_path}", f"--run_num={parallel}",
                    f"--parallel={parallel}", "--local_batch_size=3", "--num_epochs=1", "--val_metrics=false"]
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    reports = {}
+    for parallel in ("ddp", "fsdp"):
+        result = torchrun(parallel)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         run_dir = tmp_path / "test" / "2CPU" / parallel
         log = (run_dir / "out.log").read_text()
@@ -220,6 +223,16 @@ def test_train_py_reports_ddp_and_fsdp_memory_per_rank(data_files, tmp_path):
         assert sorted(os.listdir(run_dir)) == ["checkpoint.pt", "config.yaml", "logs", "out.log"]
     for key, ddp_value in reports["ddp"].items():  # each FSDP rank holds about half of what a DDP rank holds
         assert 0.4 < reports["fsdp"][key] / ddp_value < 0.6, (key, reports)
+
+    # The same run again, without --resume: the ranks refuse with the message and status 2 (an error
+    # after the ranks' first collective could make a rank abort with SIGABRT in its clean-up). A rank
+    # still exiting when torchrun sees the first failure gets torchrun's SIGTERM (-15).
+    log = (tmp_path / "test" / "2CPU" / "ddp" / "out.log").read_text()
+    result = torchrun("ddp")
+    assert result.returncode != 0 and "already holds a run" in result.stderr, result.stderr[-3000:]
+    statuses = re.findall(r"exitcode\s*: (-?\d+)", result.stderr)
+    assert "2" in statuses and set(statuses) <= {"2", "-15"}, result.stderr[-3000:]
+    assert (tmp_path / "test" / "2CPU" / "ddp" / "out.log").read_text() == log
 
 
 # ----------------------------------------------------------------------------- stopping together
@@ -303,6 +316,22 @@ def test_fsdp_refused_in_a_cuda_graph():
     with pytest.raises(UserError, match="captured CUDA graph"):
         distributed.check_parallel_options(dist_worker.make_params(parallel="fsdp"), World(2, 0, 0),
                                            graph_capture=True)
+
+
+def test_fsdp_refuses_channels_last_weights():
+    """fully_shard raises NotImplementedError on non-contiguous parameters; the user gets the reason."""
+    params = dist_worker.make_params(parallel="fsdp", channels_last=True)
+    with pytest.raises(UserError, match="Drop --channels_last"):
+        distributed.check_parallel_options(params, World(2, 0, 0))
+    distributed.check_parallel_options(params, World())  # one rank shards nothing
+
+
+def test_ddp_in_a_cuda_graph_needs_eleven_warm_up_steps():
+    world = World(2, 0, 0)
+    with pytest.raises(UserError, match="--graph_warmup_steps=11 or more"):
+        distributed.check_parallel_options(dist_worker.make_params(graph_warmup_steps=10), world, graph_capture=True)
+    distributed.check_parallel_options(dist_worker.make_params(graph_warmup_steps=11), world, graph_capture=True)
+    distributed.check_parallel_options(dist_worker.make_params(graph_warmup_steps=3), World(), graph_capture=True)
 
 
 def test_sensible_options_accepted():

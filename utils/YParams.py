@@ -42,8 +42,8 @@ CHOICES = {
 }
 POSITIVE_INTS = ("crop_size", "Nsamples", "Nsamples_val", "num_epochs", "global_batch_size",
                  "base_batch_size", "base_channels", "bucket_cap_mb", "profile_start_epoch", "profile_steps",
-                 "memory_snapshot_steps", "dist_timeout_s")
-NON_NEGATIVE = ("num_data_workers", "warmup_steps", "start_lr", "end_lr", "lambda_rho", "graph_warmup_steps")
+                 "memory_snapshot_steps", "dist_timeout_s", "graph_warmup_steps")
+NON_NEGATIVE = ("num_data_workers", "warmup_steps", "start_lr", "end_lr", "lambda_rho")
 
 
 def closest(name, valid):

@@ -25,6 +25,7 @@ def save_checkpoint(path, model, optimizer, scaler, position, params, world=Worl
     states = full_state_dicts(model, optimizer, world)
     if states is None:  # not rank 0
         return
+    device = next(model.parameters()).device
     payload = {
         "model": states[0],
         "optimizer": states[1],
@@ -32,8 +33,8 @@ def save_checkpoint(path, model, optimizer, scaler, position, params, world=Worl
         "position": dict(position),
         "rng": {
             "torch": torch.get_rng_state(),
-            # Only a CUDA run has CUDA generators worth saving (a CPU run never touches the GPU).
-            "cuda": torch.cuda.get_rng_state_all() if next(model.parameters()).device.type == "cuda" else [],
+            # This GPU's generator (a CPU run never touches the GPU): it fits any number of GPUs on resume.
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
         },
         "params": params.to_dict(),
     }
@@ -52,11 +53,17 @@ def save_checkpoint(path, model, optimizer, scaler, position, params, world=Worl
 def load_checkpoint(path, model, optimizer, scaler):
     """Restore the states saved by :func:`save_checkpoint`; return the saved position."""
     payload = torch.load(path, map_location="cpu", weights_only=True)
+    learning_rates = [group["lr"] for group in optimizer.param_groups]
     load_full_state_dicts(model, optimizer, payload["model"], payload["optimizer"])
+    for group, lr in zip(optimizer.param_groups, learning_rates):
+        if torch.is_tensor(lr):  # a capturable optimiser's LR: keep the device tensor a CUDA graph reads
+            lr.fill_(float(group["lr"]))
+            group["lr"] = lr
     scaler.load_state_dict(payload["scaler"])
     torch.set_rng_state(payload["rng"]["torch"])
-    if payload["rng"]["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(payload["rng"]["cuda"])
+    device = next(model.parameters()).device
+    if payload["rng"]["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(payload["rng"]["cuda"], device)
     return payload["position"]
 
 

@@ -54,13 +54,7 @@ class World:
 
 
 class LostRankError(UserError):
-    """Another rank died or stopped answering; this one gives up instead of waiting forever.
-
-    The process exits at once after the message: the communication threads of the broken process
-    group can make the interpreter's normal shutdown abort (SIGABRT) instead of exiting with 2.
-    """
-
-    hard_exit = True
+    """Another rank died or stopped answering; this one gives up instead of waiting forever."""
 
 
 # The timeout in force, for the message of exit_on_lost_rank (set by init_process_group).
@@ -104,10 +98,23 @@ def check_parallel_options(params, world, graph_capture=False):
         raise UserError("--parallel=fsdp cannot run in a captured CUDA graph: FSDP gathers and frees each "
                         "block's weights in every step, with allocations and stream waits that a graph "
                         "cannot replay. Train with train.py, or use --parallel=ddp with train_graph.py.")
+    if graph_capture and world.size > 1 and not params.noddp and params.graph_warmup_steps < DDP_GRAPH_WARMUP:
+        raise UserError(f"train_graph.py with DDP needs at least {DDP_GRAPH_WARMUP} eager steps before the "
+                        f"capture (DDP settles its gradient buckets in its first steps), and "
+                        f"graph_warmup_steps={params.graph_warmup_steps}. Use --graph_warmup_steps="
+                        f"{DDP_GRAPH_WARMUP} or more (the default is 20).")
+    if params.parallel == "fsdp" and params.channels_last and world.size > 1:
+        raise UserError("--parallel=fsdp cannot shard channels_last weights: FSDP splits each parameter as "
+                        "one contiguous block, and channels_last_3d convolution weights are not contiguous. "
+                        "Drop --channels_last, or train with --parallel=ddp.")
     if params.parallel == "fsdp" and world.size > 1 and import_fully_shard() is None:
         raise UserError(f"--parallel=fsdp needs torch.distributed's fully_shard, which this PyTorch "
                         f"({torch.__version__}) does not provide. Install PyTorch 2.4 or newer, or train "
                         "with --parallel=ddp.")
+
+
+# PyTorch's CUDA-graph notes: DDP must run at least 11 eager iterations before a capture.
+DDP_GRAPH_WARMUP = 11
 
 
 def torch_release():
@@ -269,7 +276,16 @@ def wrap_ddp(model, params, device):
             options["forward_sync_buffers"] = False
         else:
             options["broadcast_buffers"] = False
-    model = DistributedDataParallel(model, **options)
+    if device.type == "cuda":
+        # Built on a side stream, as PyTorch's CUDA-graph notes ask, so that train_graph.py can capture
+        # DDP's gradient all-reduces; harmless for train.py once the default stream waits for it.
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            model = DistributedDataParallel(model, **options)
+        torch.cuda.current_stream(device).wait_stream(side)
+    else:
+        model = DistributedDataParallel(model, **options)
     if params.ddp_comm_hook != "none":
         model.register_comm_hook(state=None, hook=compression_hook(params.ddp_comm_hook, device))
     return model

@@ -13,13 +13,7 @@ import textwrap
 
 
 class UserError(Exception):
-    """Something the user can fix: a missing file, a bad config value, an impossible size.
-
-    ``hard_exit``: end the process without the interpreter's clean-up, for errors after which that
-    clean-up itself can fail (a process group whose peer is gone).
-    """
-
-    hard_exit = False
+    """Something the user can fix: a missing file, a bad config value, an impossible size."""
 
 
 def format_user_error(error):
@@ -38,11 +32,17 @@ def exit_on_user_error(main):
             return main(*args, **kwargs)
         except UserError as error:
             print(format_user_error(error), file=sys.stderr, flush=True)
-            if error.hard_exit:
-                exit_now(2)
+            if process_group_running():
+                exit_now(2)  # see utils.distributed.shutdown
             sys.exit(2)
 
     return wrapper
+
+
+def process_group_running():
+    """True once torch.distributed is set up: its threads can abort the interpreter's clean-up."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
 
 
 def exit_now(status):

@@ -77,8 +77,9 @@ def pearson_per_sample(prediction, target, channels=(0, 1)):
 
 def _pearson(prediction, target, channels):
     """(r, defined): r per sample and channel, and whether the truth varies (r is meaningful)."""
-    p = prediction[:, channels].float().flatten(start_dim=2)
-    t = target[:, channels].float().flatten(start_dim=2)
+    # One channel at a time: indexing with a list would copy the list to the GPU and wait for it.
+    p = torch.stack([prediction[:, c].float().flatten(start_dim=1) for c in channels], dim=1)
+    t = torch.stack([target[:, c].float().flatten(start_dim=1) for c in channels], dim=1)
     # Centre first, so that the products below lose nothing to cancellation.
     p = p - p.mean(dim=2, keepdim=True)
     t = t - t.mean(dim=2, keepdim=True)
