@@ -39,10 +39,11 @@ def losses(run_dir, tag):
 def test_graph_trajectory_matches_eager_on_a_gpu(data_files, tmp_path, amp_mode):
     common = ["--config=test", f"--train_path={data_files['train']}", f"--val_path={data_files['valid']}",
               f"--expdir={tmp_path}", "--Nsamples=64", "--num_epochs=3", "--graph_warmup_steps=3",
-              "--enable_fused", f"--amp_mode={amp_mode}", "--device=cuda"]
+              "--enable_fused", f"--amp_mode={amp_mode}", "--device=cuda", "--tf32=false"]  # less rounding noise
     run_train([*common, "--run_num=eager"])
-    subprocess.run([sys.executable, os.path.join(ROOT, "train_graph.py"), *common, "--run_num=graph"],
-                   cwd=ROOT, check=True, capture_output=True)
+    graph = subprocess.run([sys.executable, os.path.join(ROOT, "train_graph.py"), *common, "--run_num=graph"],
+                           cwd=ROOT, capture_output=True, text=True)
+    assert graph.returncode == 0, graph.stderr[-3000:]
     base = tmp_path / "test" / "1GPU"
     for tag in ("Loss/train", "Loss/valid"):
         assert losses(base / "graph", tag) == pytest.approx(losses(base / "eager", tag), rel=2e-3)
