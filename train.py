@@ -34,7 +34,7 @@ from utils.losses import build_loss
 from utils.metrics import ValidationMetrics, format_metrics, power_spectrum_figure
 from utils.optim import Precision, build_optimizer, configure_tf32, set_learning_rate
 from utils.preview import render_preview, save_png
-from utils.profiling import Profiling, annotate, check_profiling_options
+from utils.profiling import Profiling, annotate, check_profiling_options, default_profile_window
 
 
 @dataclass
@@ -231,6 +231,7 @@ def main(argv=None, make_step=None, graph_capture=False):
     asking for an optimiser and autocast that can be captured.
     """
     options, params = load_params(sys.argv[1:] if argv is None else argv)
+    default_profile_window(params, "train_graph.py" if graph_capture else "train.py")
     world = read_world()
     check_sizes(options, params, world)
     check_parallel_options(params, world, graph_capture)

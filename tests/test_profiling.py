@@ -9,8 +9,8 @@ import torch
 
 from utils import profiling
 from utils.errors import UserError
-from utils.profiling import (Profiling, annotate, check_profiling_options, disable_annotations,
-                             enable_annotations)
+from utils.profiling import (Profiling, annotate, check_profiling_options, default_profile_window,
+                             disable_annotations, enable_annotations)
 from utils.YParams import YParams
 
 CPU = torch.profiler.ProfilerActivity.CPU
@@ -27,6 +27,7 @@ def annotations_off():
 def params_for(**overrides):
     params = YParams("config/UNet.yaml", "test")
     params.update(overrides)
+    default_profile_window(params)
     return params
 
 
@@ -264,3 +265,15 @@ def test_range_name_recovers_what_annotate_was_given():
 
     assert [range_name(n) for n in ("step 7", "data copy in 12", "forward", "ProfilerStep#3", "7")] == \
         ["step", "data copy in", "forward", "ProfilerStep#3", "7"]
+
+
+def test_the_default_windows_are_the_original_tutorials():
+    """Null in the config: train.py profiles the 4th epoch for 60 steps, train_graph.py the 2nd for 30."""
+    for script, window in (("train.py", (4, 60)), ("train_graph.py", (2, 30))):
+        params = YParams("config/UNet.yaml", "test")
+        default_profile_window(params, script)
+        assert (params.profile_start_epoch, params.profile_steps) == window
+    params = YParams("config/UNet.yaml", "test")
+    params.update({"profile_steps": 7})  # what the user gives stays
+    default_profile_window(params, "train_graph.py")
+    assert (params.profile_start_epoch, params.profile_steps) == (2, 7)

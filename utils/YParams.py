@@ -181,8 +181,9 @@ def validate(params):
     for key, choices in CHOICES.items():
         if key in params and params[key] not in choices:
             raise UserError(f"--{key}={params[key]} is not a valid choice: use one of {', '.join(choices)}.")
-    for key in POSITIVE_INTS:
-        if key in params and not params[key] > 0:
+    for key in POSITIVE_INTS:  # null: the entry point's default (the profiling window)
+        value = params.get(key)
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
             raise UserError(f"--{key}={params[key]} is invalid: '{key}' must be a positive integer.")
     for key in NON_NEGATIVE:
         if key in params and params[key] < 0:

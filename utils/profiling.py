@@ -154,6 +154,17 @@ def annotations_enabled():
 
 # ----------------------------------------------------------------------------- options
 
+# The original tutorial's nsys windows: train.py's from the 4th epoch for 60 steps; train_graph.py's,
+# whose shorter runs warm up and capture first, from the 2nd epoch for 30 steps.
+DEFAULT_WINDOWS = {"train.py": {"profile_start_epoch": 4, "profile_steps": 60},
+                   "train_graph.py": {"profile_start_epoch": 2, "profile_steps": 30}}
+
+
+def default_profile_window(params, script="train.py"):
+    """Give the window keys that the config leaves null the original's values for ``script``."""
+    params.update({key: value for key, value in DEFAULT_WINDOWS[script].items() if params.get(key) is None})
+
+
 def profile_window(params, steps_per_epoch):
     """``(first, stop)``: the global steps (0-based, ``stop`` excluded) of the profiling window."""
     first = (params.get("profile_start_epoch", 1) - 1) * steps_per_epoch
