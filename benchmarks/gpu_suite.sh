@@ -22,6 +22,17 @@ export PYTHONUNBUFFERED=1
 
 note() { echo "gpu_suite.sh: $*"; }
 
+pack() {
+    # $OUT/gpu_suite_<stage>.tgz, cut into 15 MiB parts when larger (files that big may not come back
+    # from a lent machine whole); rejoin with: cat gpu_suite_<stage>.tgz.part* > gpu_suite_<stage>.tgz
+    local archive="$OUT/gpu_suite_$1.tgz"
+    shift
+    tar czf "$archive" "$@" || return 1
+    if [ "$(stat -c %s "$archive")" -gt $((15 * 1024 * 1024)) ]; then
+        split -b 15M -d "$archive" "$archive.part" && rm "$archive" && note "packed in parts: $archive.part*"
+    fi
+}
+
 gpu_slug() {
     "$PYTHON" -c 'import re, torch; print(re.sub(r"[^0-9a-z]+", "-", torch.cuda.get_device_name(0).lower()).strip("-"))'
 }
@@ -92,7 +103,9 @@ for stage in "${stages[@]}"; do
     note "stage $stage ended with status $status after $((SECONDS - start)) s" | tee -a "$log"
     [ "$status" -eq 0 ] || failed+=("$stage")
     if [ -n "${OUT:-}" ]; then
-        tar czf "$OUT/gpu_suite_$stage.tgz" "$RESULTS" $( [ -d sample_nsys_profiles ] && echo sample_nsys_profiles )
+        outputs=("$RESULTS")
+        [ "$stage" = profiles ] && [ -d sample_nsys_profiles ] && outputs+=(sample_nsys_profiles)
+        pack "$stage" "${outputs[@]}" || failed+=("pack-$stage")
     fi
 done
 [ ${#failed[@]} -eq 0 ] || { note "failed stages: ${failed[*]}"; exit 1; }
