@@ -71,6 +71,10 @@ def read_world():
                         "under Slurm, by export_DDP_vars.sh.") from None
 
 
+# PyTorch's CUDA-graph notes: DDP must run at least 11 eager iterations before a capture.
+DDP_GRAPH_WARMUP = 11
+
+
 def check_parallel_options(params, world, graph_capture=False):
     """Refuse combinations of the distributed options that cannot work, before any rank trains.
 
@@ -111,10 +115,6 @@ def check_parallel_options(params, world, graph_capture=False):
         raise UserError(f"--parallel=fsdp needs torch.distributed's fully_shard, which this PyTorch "
                         f"({torch.__version__}) does not provide. Install PyTorch 2.4 or newer, or train "
                         "with --parallel=ddp.")
-
-
-# PyTorch's CUDA-graph notes: DDP must run at least 11 eager iterations before a capture.
-DDP_GRAPH_WARMUP = 11
 
 
 def torch_release():
