@@ -254,7 +254,7 @@ def main(argv=None, make_step=None, graph_capture=False):
     # the optimiser, and compilation last, around everything (it is lazy: nothing is traced yet).
     model = build_model(params, device)
     logging.info("U-Net with %.1f M parameters", sum(p.numel() for p in model.parameters()) / 1e6)
-    model = parallelize(model, params, world, device)
+    model = parallelize(model, params, world, device, graph_capture)
     optimizer = build_optimizer(params, model, capturable=graph_capture)
     precision = Precision(params.amp_mode, device, cache=not graph_capture)
     loss_fn = build_loss(params)

@@ -97,7 +97,7 @@ def measure_rung(options, script, args):
     train_loader, _ = get_data_loader_distributed(params, 0, device)
     graph = script == "train_graph.py"
     torch.manual_seed(params.seed)
-    model = parallelize(train.build_model(params, device), params, World(), device)
+    model = parallelize(train.build_model(params, device), params, World(), device, graph)
     optimizer = build_optimizer(params, model, capturable=graph)
     precision = Precision(params.amp_mode, device, cache=not graph)
     model = train.compile_model(model, params)

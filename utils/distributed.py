@@ -234,7 +234,7 @@ def exit_on_lost_rank(main):
 
 # ----------------------------------------------------------------------------- wrapping the model
 
-def parallelize(model, params, world, device):
+def parallelize(model, params, world, device, graph_capture=False):
     """The model, ready for data-parallel training: DDP, FSDP, or unchanged (one rank, ``noddp``).
 
     Call it BEFORE creating the optimiser: ``fully_shard`` replaces every parameter with its
@@ -255,10 +255,10 @@ def parallelize(model, params, world, device):
     logging.info("Data parallel: DDP over %d ranks (bucket_cap_mb=%s, disable_broadcast_buffers=%s, "
                  "static_graph=%s, ddp_comm_hook=%s)", world.size, params.bucket_cap_mb,
                  params.disable_broadcast_buffers, params.static_graph, params.ddp_comm_hook)
-    return wrap_ddp(model, params, device)
+    return wrap_ddp(model, params, device, graph_capture)
 
 
-def wrap_ddp(model, params, device):
+def wrap_ddp(model, params, device, graph_capture=False):
     """DDP with the tutorial's knobs; each one trades something for speed (see the config)."""
     options = {
         "device_ids": [device.index] if device.type == "cuda" else None,
@@ -276,9 +276,9 @@ def wrap_ddp(model, params, device):
             options["forward_sync_buffers"] = False
         else:
             options["broadcast_buffers"] = False
-    if device.type == "cuda":
-        # Built on a side stream, as PyTorch's CUDA-graph notes ask, so that train_graph.py can capture
-        # DDP's gradient all-reduces; harmless for train.py once the default stream waits for it.
+    if graph_capture and device.type == "cuda":
+        # PyTorch's CUDA-graph notes: DDP built on a side stream, so that the capture of the whole
+        # step (train_graph.py) can take in DDP's gradient all-reduces.
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
