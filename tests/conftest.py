@@ -1,4 +1,5 @@
 """Shared fixtures: small real HDF5 data sets made by the project's own generator."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -8,6 +9,17 @@ import pytest
 from utils.generate_data import generate_box, write_h5
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def dali_installed():
+    try:
+        return importlib.util.find_spec("nvidia.dali") is not None
+    except ModuleNotFoundError:  # no nvidia namespace at all
+        return False
+
+
+# CI installs DALI (test_data_loader_dali.py fails there without it); elsewhere its tests skip.
+needs_dali = pytest.mark.skipif(not dali_installed(), reason="needs nvidia-dali (requirements-dali.txt)")
 
 
 @pytest.fixture(scope="session")

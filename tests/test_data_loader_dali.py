@@ -3,7 +3,6 @@
 Its samples must be the native loader's, bit for bit: same crops, same symmetry elements, the
 vector channels turned the same way.
 """
-import importlib.util
 import os
 import shutil
 import sys
@@ -12,22 +11,13 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import dali_installed, needs_dali
 from utils import get_data_loader_distributed, symmetry
 from utils.YParams import YParams
 from utils.convert_h5_to_npy import convert
 from utils.data_loader import CropSampler, InMemoryDataset, build_dataset
 from utils.data_loader_dali import DaliCropLoader, npy_paths
 from utils.errors import UserError
-
-
-def dali_installed():
-    try:
-        return importlib.util.find_spec("nvidia.dali") is not None
-    except ModuleNotFoundError:  # no nvidia namespace at all
-        return False
-
-
-needs_dali = pytest.mark.skipif(not dali_installed(), reason="needs nvidia-dali (requirements-dali.txt)")
 
 
 @pytest.mark.skipif(not os.environ.get("CI"), reason="only CI must have DALI (make test installs it)")

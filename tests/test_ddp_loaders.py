@@ -6,7 +6,7 @@ import sys
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import ROOT
+from conftest import ROOT, needs_dali
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ def data_with_npy(tmp_path_factory):
     return directory
 
 
-@pytest.mark.parametrize("loader", ["lowmem", "gpu-inmem", "dali-lowmem"])
+@pytest.mark.parametrize("loader", ["lowmem", "gpu-inmem", pytest.param("dali-lowmem", marks=needs_dali)])
 def test_two_ranks_train_with_each_loader(data_with_npy, tmp_path, loader):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                os.path.join(ROOT, "train.py"), "--config=test", f"--data_loader_config={loader}",
