@@ -8,7 +8,7 @@
 #   benchmarks/gpu_suite.sh ladder profiles     several stages, in order (no stage: all four)
 #
 # Run it from the repository's top-level folder with the Python that has torch (PYTHON=..., default
-# python3). Results land where the tutorial reads them: benchmarks/results/ (ladder, scaling, this
+# python3; COMMIT=... names the commit in the logs where the copy has no .git). Results land where the tutorial reads them: benchmarks/results/ (ladder, scaling, this
 # suite's logs) and sample_nsys_profiles/. With OUT set (a folder), each stage also packs what it wrote
 # into $OUT/gpu_suite_<stage>.tgz, to carry the results off a machine that is given back afterwards.
 # A stage that fails does not stop the next one; the exit status says whether all passed.
@@ -93,7 +93,7 @@ for stage in "${stages[@]}"; do
     log="$RESULTS/gpu_suite-$stage-$(date -u +%Y-%m-%d).log"
     note "stage $stage started $(date -u +%FT%TZ); log: $log"
     {
-        echo "# benchmarks/gpu_suite.sh $stage, $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null)"
+        echo "# benchmarks/gpu_suite.sh $stage, $(date -u +%FT%TZ), commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
         "$PYTHON" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())'
     } > "$log"
