@@ -116,6 +116,13 @@ def measure_rung(options, script, args):
                       peak_flops=peak)
 
 
+def write_report(base, report):
+    with open(base + ".json", "w") as f:
+        json.dump(report, f, indent=2)
+    with open(base + ".md", "w") as f:
+        f.write(markdown_table(report))
+
+
 def markdown_table(report):
     lines = [f"Measured by `{report['command']}` on {report['device']} (torch {report['torch']}, "
              f"CUDA {report['cuda']}), {report['date']}. Samples/s; MFU of SYNTHETIC and FULL.", "",
@@ -179,17 +186,16 @@ def main(argv=None):
         except Exception as error:  # one broken rung must not lose the others' numbers
             logging.exception("rung %r failed", name)
             report["runs"].append({"name": name, "script": script, "options": options, "error": str(error)[:200]})
+            write_report(base, report)
             continue
         run = {"name": name, "script": script, "options": options, "full": summary["full"],
                "synthetic": summary["synthetic"], "io": summary["io"], "mfu": summary["mfu"],
                "peak_mem_gb": summary["peak_mem_gb"]}
         report["runs"].append(run)
         logging.info("%s", json.dumps(run))
+        write_report(base, report)  # after every rung: a run stopped at a time limit keeps what it measured
 
-    with open(base + ".json", "w") as f:
-        json.dump(report, f, indent=2)
-    with open(base + ".md", "w") as f:
-        f.write(markdown_table(report))
+    write_report(base, report)
     print(markdown_table(report))
     print(f"Results: {base}.json, {base}.md, {base}.log")
 

@@ -300,10 +300,11 @@ def main(argv=None):
         entry = profile_rung(rung, preset, args, common, args.work_dir, device_name)
         print(json.dumps({k: v for k, v in entry.items() if k != "top_kernels"}), flush=True)
         entries.append(entry)
-    with open(os.path.join(args.out_dir, "profiles.json"), "w") as f:
-        json.dump({"command": command, "date": date, "profiles": entries}, f, indent=2)
-    title = "Sample profiles (GPU)" if args.preset == "gpu" else "Sample profiles of the CPU demo model"
-    write_readme(args.out_dir, entries, title, command, date)
+        # After every rung, so that a run stopped at a time limit keeps the index of what it made.
+        with open(os.path.join(args.out_dir, "profiles.json"), "w") as f:
+            json.dump({"command": command, "date": date, "profiles": entries}, f, indent=2)
+        title = "Sample profiles (GPU)" if args.preset == "gpu" else "Sample profiles of the CPU demo model"
+        write_readme(args.out_dir, entries, title, command, date)
     print(f"Profiles, profiles.json and README.md in {args.out_dir}")
     return entries
 
