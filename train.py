@@ -12,7 +12,6 @@ logs/ (TensorBoard). The same code runs on CPU and on CUDA: the device is chosen
 import functools
 import logging
 import os
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass

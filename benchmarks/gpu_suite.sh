@@ -4,7 +4,7 @@
 #   benchmarks/gpu_suite.sh tests      the test suite on the GPU machine (GPU-only tests run; CPU ones too)
 #   benchmarks/gpu_suite.sh ladder     python -m benchmarks.ladder: the single-GPU ladder at batch 64, crop 64
 #   benchmarks/gpu_suite.sh profiles   python -m benchmarks.profiles --nsys: traces of five rungs
-#   benchmarks/gpu_suite.sh scaling    one GPU, benchy trials with DDP's settings and with --noddp
+#   benchmarks/gpu_suite.sh scaling    python -m benchmarks.scaling: weak scaling over this node's GPUs
 #   benchmarks/gpu_suite.sh ladder profiles     several stages, in order (no stage: all four)
 #
 # Run it from the repository's top-level folder with the Python that has torch (PYTHON=..., default
@@ -36,12 +36,8 @@ pack() {
     fi
 }
 
-gpu_slug() {
-    "$PYTHON" -c 'import re, torch; print(re.sub(r"[^0-9a-z]+", "-", torch.cuda.get_device_name(0).lower()).strip("-"))'
-}
-
-# The ladder and the profiles keep their files up to date after every rung, so that a stage stopped
-# at STAGE_LIMIT still packs what it measured.
+# The ladder, the profiles and the scaling points keep their files up to date after every run, so
+# that a stage stopped at STAGE_LIMIT still packs what it measured.
 STAGE_LIMIT=${STAGE_LIMIT:-540}
 
 stage_tests() {
@@ -59,25 +55,11 @@ stage_profiles() {
 }
 
 stage_scaling() {
-    # The one-GPU point of the weak-scaling plot (README, "Multi-GPU performance"): bs64_opt's settings
-    # with the GPU-resident loader (DALI's wheel may be missing), as benchy trials, with and without
-    # gradient communication. On one rank train.py does not wrap the model in DDP, so the two differ
-    # by run-to-run noise only: that spread is the baseline the multi-GPU overheads are read against.
-    local slug
-    slug=$(gpu_slug) || return 1
-    "$PYTHON" -c 'from benchmarks.ladder import make_data; make_data("'"$DATA_DIR"'", 256)' || return 1
-    mkdir -p "$RESULTS/scaling"
-    local flags=(--config=bs64_opt --data_loader_config=gpu-inmem --local_batch_size=64 --enable_benchy
-                 --num_epochs=15 "--train_path=$DATA_DIR/synthetic_train.h5" "--val_path=$DATA_DIR/synthetic_valid.h5"
-                 --expdir=runs/gpu_suite --checkpoint=false)
-    local status=0
-    for mode in ddp noddp; do
-        local extra=()
-        [ "$mode" = noddp ] && extra=(--noddp)
-        BENCHY_OUTPUT="$RESULTS/scaling/$slug-${mode}_1" timeout $((STAGE_LIMIT / 2)) "$PYTHON" -m torch.distributed.run --standalone \
-            --nproc_per_node=1 train.py "${flags[@]}" "--run_num=scaling_${mode}_$(date +%s)" "${extra[@]}" || status=1
-    done
-    return $status
+    # The weak-scaling points this node can give (README, "Multi-GPU performance"): benchy trials at 1,
+    # 2, 4, ... ranks up to its GPUs, with DDP and with --noddp. On one GPU train.py does not wrap the
+    # model in DDP, so the two differ by run-to-run noise only: the baseline multi-GPU overheads are
+    # read against.
+    timeout "$STAGE_LIMIT" "$PYTHON" -m benchmarks.scaling --data_dir "$DATA_DIR" --timeout $((STAGE_LIMIT / 2))
 }
 
 stages=("$@")

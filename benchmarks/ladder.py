@@ -13,7 +13,6 @@ beside it, and the raw log. Ratios between rungs are only meaningful within one 
 
 The data set is the synthetic one (a 256^3 training box on a GPU), made first if it is missing.
 """
-import argparse
 import datetime
 import functools
 import gc
@@ -21,21 +20,18 @@ import importlib.util
 import json
 import logging
 import os
-import re
-import socket
 import sys
 
 import torch
 
 import train
+from benchmarks.common import ROOT, argument_parser, device_name, device_slug, make_data
 from utils import get_data_loader_distributed
 from utils.YParams import load_params
 from utils.benchmark import precision_of, resolve_peak_flops, run_trials, unet_flops_per_sample
 from utils.distributed import World, parallelize
 from utils.losses import build_loss
 from utils.optim import Precision, build_optimizer
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (name, train.py options, script): each rung adds to the tutorial's single-GPU settings.
 GPU_RUNGS = [
@@ -77,16 +73,6 @@ PRESETS = {
     "gpu": {"options": ["--config=base"], "box": 256},
     "cpu": {"options": ["--config=demo", "--global_batch_size=8"], "box": 128},
 }
-
-
-def make_data(data_dir, box):
-    """The synthetic data set (with the .npy copies DALI reads), made once."""
-    from utils import generate_data
-
-    train_path = os.path.join(data_dir, "synthetic_train.h5")
-    if not os.path.exists(train_path):
-        generate_data.main(["--out_dir", data_dir, "--train_size", str(box), "--val_size", str(box // 2)])
-    return train_path, os.path.join(data_dir, "synthetic_valid.h5")
 
 
 def measure_rung(options, script, args):
@@ -144,9 +130,7 @@ def markdown_table(report):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="gpu")
-    parser.add_argument("--data_dir", default=os.path.join(ROOT, "data", "benchmark"))
+    parser = argument_parser(__doc__, PRESETS)
     parser.add_argument("--out_dir", default=os.path.join(ROOT, "benchmarks", "results"))
     parser.add_argument("--nbatches", type=int, default=20, help="batches per trial")
     parser.add_argument("--ntrials", type=int, default=3)
@@ -162,18 +146,17 @@ def main(argv=None):
         DALI_RUNGS if importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali") else [])
     rungs = [rung for rung in rungs if args.only in rung[0]]
 
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({socket.gethostname()})"
+    name = device_name(device.type == "cuda")
     stamp = datetime.datetime.now(datetime.timezone.utc)
-    slug = re.sub(r"[^0-9a-z]+", "-", device_name.lower()).strip("-")  # "NVIDIA H100 80GB HBM3" -> nvidia-h100-80gb-hbm3
     os.makedirs(args.out_dir, exist_ok=True)
-    base = os.path.join(args.out_dir, f"{slug}-{stamp:%Y-%m-%d}")
+    base = os.path.join(args.out_dir, f"{device_slug(name)}-{stamp:%Y-%m-%d}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(message)s",
                         handlers=[logging.StreamHandler(sys.stdout), logging.FileHandler(base + ".log")])
 
     train_path, val_path = make_data(args.data_dir, preset["box"])
     common = [*preset["options"], f"--train_path={train_path}", f"--val_path={val_path}",
               f"--device={device.type}", "--checkpoint=false"]
-    report = {"device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
+    report = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
               "date": stamp.isoformat(timespec="seconds"), "command": "python -m benchmarks.ladder "
               + " ".join(sys.argv[1:] if argv is None else argv), "runs": []}
     for name, options, script in rungs:

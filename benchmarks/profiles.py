@@ -18,7 +18,6 @@ around `--enable_manual_profiling`, the tutorial's own recipe) when an ``nsys`` 
 ``.nsys-rep`` that it makes is kept, and when none can be made, profiles.json says why. Nothing
 is renamed or made up: every file here comes out of the run it is listed with.
 """
-import argparse
 import collections
 import datetime
 import glob
@@ -27,16 +26,12 @@ import json
 import os
 import shlex
 import shutil
-import socket
-import subprocess
 import sys
 
 import torch
 
-from benchmarks.ladder import make_data
+from benchmarks.common import ROOT, argument_parser, device_name, make_data, outcome, relative_args, run
 from utils.profiling import range_name
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PHASES = ("step", "data copy in", "forward", "backward", "optimizer")
 
 # (slug, what it shows, script, options): the tutorial's rungs whose profiles it discusses.
@@ -60,12 +55,6 @@ PRESETS = {
     "cpu": {"options": ["--config=demo", "--device=cpu"], "batch": 8, "box": 128,
             "out_dir": os.path.join(ROOT, "example_logs", "cpu_profiles")},
 }
-
-
-def relative(path):
-    """A path as a reader in the repository's top-level folder would type it."""
-    path = os.path.abspath(path)
-    return os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
 
 
 # ----------------------------------------------------------------------------- reading a trace
@@ -116,20 +105,6 @@ def rung_command(script, common, options, expdir, run_num, steps, extra=()):
             "--preview_image=false", "--checkpoint=false", *extra]
 
 
-def run(argv, log_path, timeout, mode="w"):
-    """Run ``argv`` in the repository, its output to ``log_path``; the exit status, or a text saying
-    that it timed out (one stuck rung must not cost the others their profiles)."""
-    with open(log_path, mode) as log:
-        try:
-            return subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            return f"timed out after {timeout} s"
-
-
-def outcome(code):
-    return code if isinstance(code, str) else f"exit status {code}"
-
-
 def find_nsys():
     """An nsys executable: on PATH, or one shipped inside an Nsight Compute or CUDA installation."""
     found = shutil.which("nsys")
@@ -166,7 +141,7 @@ def try_nsys(nsys, command, out_base, log_path, timeout):
     return {"error": f"{nsys} made no report ({outcome(code)}), see {os.path.basename(log_path)}"}
 
 
-def profile_rung(rung, preset, args, common, work_dir, device_name):
+def profile_rung(rung, preset, args, common, work_dir, device):
     slug, description, script, options = rung
     steps = args.steps
     batches = steps + 4  # per epoch: the window opens with the second epoch and ends 4 steps before it does
@@ -177,7 +152,7 @@ def profile_rung(rung, preset, args, common, work_dir, device_name):
     started = datetime.datetime.now(datetime.timezone.utc)
     code = run([sys.executable, *command], log_path, args.timeout)
     entry = {"rung": slug, "what": description, "command": "python " + shlex.join(relative_args(command)),
-             "device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
+             "device": device, "torch": torch.__version__, "cuda": torch.version.cuda,
              "date": started.isoformat(timespec="seconds"), "log": os.path.basename(log_path)}
     if code != 0:
         entry["error"] = f"the run failed ({outcome(code)}); see {entry['log']}"
@@ -207,15 +182,6 @@ def profile_rung(rung, preset, args, common, work_dir, device_name):
             entry["nsys"]["command"] = (f"nsys profile --trace=cuda,cublas,nvtx -c cudaProfilerApi --kill none -f true -o "
                                         f"{slug} python " + shlex.join(relative_args(manual)))
     return entry
-
-
-def relative_args(command):
-    """The command as typed in the repository's top-level folder (paths inside it made relative)."""
-    shown = []
-    for arg in command:
-        key, _, value = arg.partition("=")
-        shown.append(f"{key}={relative(value)}" if key in ("--train_path", "--val_path", "--expdir") else arg)
-    return shown
 
 
 # ----------------------------------------------------------------------------- the folder's README
@@ -268,16 +234,11 @@ def write_readme(out_dir, entries, title, command, date):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="gpu")
-    parser.add_argument("--data_dir", default=os.path.join(ROOT, "data", "benchmark"))
+    parser = argument_parser(__doc__, PRESETS, scratch="profiles")
     parser.add_argument("--out_dir", default=None, help="default: the preset's folder")
-    parser.add_argument("--work_dir", default=os.path.join(ROOT, "runs", "profiles"),
-                        help="scratch space for the runs (not kept)")
     parser.add_argument("--steps", type=int, default=4, help="profiled steps per rung")
     parser.add_argument("--only", default="", help="profile only rungs whose slug contains this text")
     parser.add_argument("--nsys", action="store_true", help="also try Nsight Systems on each rung")
-    parser.add_argument("--timeout", type=int, default=300, help="seconds per run")
     args = parser.parse_args(argv)
 
     preset = PRESETS[args.preset]
@@ -285,8 +246,7 @@ def main(argv=None):
     if args.preset == "gpu" and not torch.cuda.is_available():
         sys.exit("error: the gpu preset needs a CUDA GPU; use --preset cpu on this machine.")
     rungs = [rung for rung in (GPU_RUNGS if args.preset == "gpu" else CPU_RUNGS) if args.only in rung[0]]
-    device_name = torch.cuda.get_device_name(0) if args.preset == "gpu" else f"CPU ({socket.gethostname()}, " \
-        f"{os.cpu_count()} cores)"
+    name = device_name(args.preset == "gpu")
     train_path, val_path = make_data(args.data_dir, preset["box"])
     common = [*preset["options"], f"--train_path={train_path}", f"--val_path={val_path}"]
     os.makedirs(args.out_dir, exist_ok=True)
@@ -297,7 +257,7 @@ def main(argv=None):
     entries = []
     for rung in rungs:
         print(f"=== {rung[0]}: {rung[1]}", flush=True)
-        entry = profile_rung(rung, preset, args, common, args.work_dir, device_name)
+        entry = profile_rung(rung, preset, args, common, args.work_dir, name)
         print(json.dumps({k: v for k, v in entry.items() if k != "top_kernels"}), flush=True)
         entries.append(entry)
         # After every rung, so that a run stopped at a time limit keeps the index of what it made.

@@ -1,41 +1,40 @@
-"""utils/plot_scaling.py on benchmark files that real CPU runs (1 and 2 gloo ranks, with and without --noddp) write."""
+"""benchmarks/scaling.py and utils/plot_scaling.py on benchmark files that real CPU runs (1 and 2 gloo ranks,
+with and without --noddp) write, and on files with known throughputs."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
-from utils import plot_scaling
+from benchmarks import scaling
+from utils import figures, plot_scaling
 
 pytestmark = pytest.mark.slow
-TRIALS = "IO: {nbatches: 2, ntrials: 1, nwarmup: 1}\nsynthetic: {nbatches: 2, ntrials: 1, nwarmup: 1}\n" \
-         "full: {nbatches: 2, ntrials: 1, nwarmup: 1}\n"
 
 
-def benchmark_run(data_files, tmp_path, ranks, *extra):
-    name = f"{'noddp' if extra else 'ddp'}_{ranks}"
-    env = {**os.environ, "BENCHY_CONFIG_FILE": str(tmp_path / "benchy.yaml"), "BENCHY_OUTPUT": str(tmp_path / name),
-           "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--standalone",
-               os.path.join(ROOT, "train.py"), "--config=test", f"--train_path={data_files['train']}",
-               f"--val_path={data_files['valid']}", f"--expdir={tmp_path / 'runs'}", f"--run_num={name}",
-               "--local_batch_size=2", "--Nsamples=32", "--enable_benchy", "--num_epochs=4", *extra]
-    subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)
-    return str(tmp_path / f"{name}.json")
+def test_scaling_benchmark_runs_one_and_two_ranks_and_plots_them(synthetic_data_dir, tmp_path, capsys):
+    """benchmarks.scaling on CPU: real torchrun runs of 1 and 2 gloo ranks, with DDP and with --noddp."""
+    out = tmp_path / "scaling" / "cpu-test"
+    index = scaling.main(["--preset", "cpu", "--ranks", "1", "2", "--nbatches", "2", "--ntrials", "1",
+                          "--nwarmup", "1", "--data_dir", str(synthetic_data_dir), "--out_dir", str(out),
+                          "--work_dir", str(tmp_path / "work"), "--extra=--base_channels=4"])
+    assert [(p["mode"], p["ranks"]) for p in index["points"]] == [("ddp", 1), ("noddp", 1), ("ddp", 2), ("noddp", 2)]
+    assert all("error" not in p for p in index["points"]), (out / "ddp_2.log").read_text()[-3000:]
+    assert json.loads((out / "ddp_2.json").read_text())["nranks"] == 2
+    assert "OMP_NUM_THREADS=1" in index["points"][0]["command"] and "--nproc_per_node=2" in index["points"][2]["command"]
+    table = (out / "README.md").read_text()
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
+    assert [row[0].strip() for row in rows] == ["1", "2"] and rows[0][2].strip() == "100.0%"  # its own baseline
+    assert "ddp_2.json" in table and index["device"] in table
 
-
-def test_weak_scaling_plot_from_real_runs(data_files, tmp_path, capsys):
-    (tmp_path / "benchy.yaml").write_text(TRIALS)
-    ddp = [benchmark_run(data_files, tmp_path, n) for n in (1, 2)]
-    noddp = [benchmark_run(data_files, tmp_path, n, "--noddp") for n in (1, 2)]
-    plot_scaling.main(["--ddp", *ddp, "--noddp", *noddp, "--out", str(tmp_path / "scaling.png")])
-    table = capsys.readouterr().out
-    assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"
-    rows = [line.split() for line in table.splitlines()[1:3]]
-    assert [row[0] for row in rows] == ["1", "2"] and rows[0][2] == "100.0%"  # one rank is its own baseline
-    assert plot_scaling.read_series(ddp, "FULL").keys() == {1, 2}
+    # make figures draws the folder; the plotting tool reads the same files.
+    assert figures.scaling_figures(str(tmp_path), str(tmp_path)) == [("scaling_cpu-test.png", str(out))]
+    assert (tmp_path / "scaling_cpu-test.png").read_bytes()[:4] == b"\x89PNG"
+    plot_scaling.main(["--ddp", *map(str, out.glob("ddp_*.json")), "--out", str(tmp_path / "ddp_only.png")])
+    assert "| 2 |" in capsys.readouterr().out and (tmp_path / "ddp_only.png").exists()
+    # Run again into the same folder: the scratch run directories of the last run do not stop it.
+    again = scaling.main(["--preset", "cpu", "--ranks", "1", "--nbatches", "2", "--ntrials", "1", "--nwarmup", "1",
+                          "--data_dir", str(synthetic_data_dir), "--out_dir", str(out), "--work_dir",
+                          str(tmp_path / "work"), "--extra=--base_channels=4"])
+    assert all("error" not in p for p in again["points"])
 
 
 def test_efficiency_and_overhead_from_known_throughputs(tmp_path, capsys):
@@ -49,6 +48,7 @@ def test_efficiency_and_overhead_from_known_throughputs(tmp_path, capsys):
     noddp = [result("noddp_1", 1, [100.0]), result("noddp_2", 2, [190.0, 210.0])]
     assert plot_scaling.efficiency(plot_scaling.read_series(ddp, "FULL")) == {1: 1.0, 2: 0.9}
     plot_scaling.main(["--ddp", *ddp, "--noddp", *noddp, "--out", str(tmp_path / "scaling.png")])
-    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:3]]
-    assert rows == [["1", "100.0", "100.0%", "100.0", "0.0%"], ["2", "180.0", "90.0%", "200.0", "10.0%"]]
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()[2:4]]
+    assert [[cell.strip() for cell in row] for row in rows] == [["1", "100.0", "100.0%", "100.0", "0.0%"],
+                                                               ["2", "180.0", "90.0%", "200.0", "10.0%"]]
     assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"

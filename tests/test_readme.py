@@ -61,24 +61,25 @@ def test_quick_start_has_the_two_commands_and_ci_runs_the_second():
 
 
 def table_rows(text):
-    """{first cell: [other cells]} of the markdown table rows in ``text``."""
-    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in text.splitlines()
+    """The header cells (after the first) and {first cell: [other cells]} of the first markdown table in
+    ``text``."""
+    lines = text[text.index("\n|") + 1:].split("\n\n", 1)[0].splitlines()
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines
             if line.startswith("|") and not line.startswith("|---")]
-    return {row[0]: row[1:] for row in rows}
+    return rows[0][1:], {row[0]: row[1:] for row in rows[1:]}
 
 
 def test_quoted_benchmark_numbers_are_those_of_the_results_file_linked():
-    """A table quoted under a link to benchmarks/results/*.md must repeat that file's numbers."""
-    for link in re.finditer(r"\]\((benchmarks/results/[^)]+\.md)\)", README):
-        following_table = "|" + README[link.end():].split("\n\n|", 1)[1].split("\n\n", 1)[0]
-        quoted = table_rows(following_table)
+    """A table quoted under a link to a results file, benchmarks/results/**/*.md, must repeat its numbers."""
+    links = list(re.finditer(r"\]\((benchmarks/results/[^)]+\.md)\)", README))
+    assert len(links) >= 2, "the README quotes the CPU ladder and the CPU scaling results"
+    for link in links:
+        quoted_header, quoted = table_rows(README[link.end():])
         with open(os.path.join(ROOT, link.group(1))) as f:
-            measured = table_rows(f.read())
-        header = measured.pop("rung")
-        quoted_header = quoted.pop("rung")
+            header, measured = table_rows(f.read())
         assert quoted, f"no table after the link to {link.group(1)}"
         for name, values in quoted.items():
-            assert name in measured, f"the README quotes a rung {name!r} that {link.group(1)} does not have"
+            assert name in measured, f"the README quotes a row {name!r} that {link.group(1)} does not have"
             by_column = dict(zip(header, measured[name]))
             assert values == [by_column[column] for column in quoted_header], (name, values, measured[name])
 
@@ -103,6 +104,7 @@ NOT_RUN = [
                          "the profiler window"),
     (r"python -m benchmarks\.ladder", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
     (r"python -m benchmarks\.profiles", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
+    (r"python -m benchmarks\.scaling", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
     (r"salloc .*", "needs a Slurm allocation of GPU nodes; tests/test_slurm.py runs srun under a real Slurm"),
     (r"export MASTER_ADDR=.*", "only inside a Slurm allocation (reads SLURM_JOB_NODELIST)"),
     (r"srun .*", "needs a Slurm allocation of GPU nodes; tests/test_slurm.py runs srun under a real Slurm"),
@@ -222,6 +224,15 @@ def check_profiles(scratch, output):
     assert os.path.isfile(os.path.join(scratch, "profiles_out", entry["file"]))
 
 
+def check_scaling(scratch, output):
+    (path,) = glob.glob(os.path.join(scratch, "benchmarks", "results", "scaling", "*", "scaling.json"))
+    with open(path) as f:
+        index = json.load(f)
+    assert [(p["mode"], p["ranks"]) for p in index["points"]] == [("ddp", 1), ("noddp", 1)]
+    assert all("file" in p for p in index["points"]), index["points"]
+    assert "| 1 | " in open(os.path.join(os.path.dirname(path), "README.md")).read()
+
+
 def check_png(name):
     def check(scratch, output):
         assert open(os.path.join(scratch, name), "rb").read(4) == b"\x89PNG"
@@ -270,6 +281,9 @@ RUN = {
     # One rung, two steps, written into the scratch folder (the default folder, example_logs/, is linked here).
     "python -m benchmarks.profiles --preset cpu": Run(
         append="--only gpu_inmem --steps 2 --data_dir data --out_dir profiles_out", check=check_profiles),
+    # One rank (the scaling test, tests/test_plot_scaling.py, runs two), a narrower model, tiny trials.
+    "python -m benchmarks.scaling --preset cpu": Run(
+        append="--ranks 1 --nbatches 2 --ntrials 1 --nwarmup 1 --extra=--base_channels=4", check=check_scaling),
     "torchrun --nproc_per_node=2 train.py --config=demo --device=cpu": Run(
         append=TINY, check=check_run("demo", devices="2CPU", world_size=2)),
     "torchrun --standalone --nproc_per_node=2 train.py --config=demo --device=cpu --local_batch_size=8 "
@@ -335,7 +349,7 @@ def readme_data(tmp_path_factory):
 # Where the scratch directory holds copies of the small data files, under which names.
 DATA_FOLDERS = {
     "data": ("synthetic_train.h5", "synthetic_valid.h5"),                  # the configs' default paths
-    "data/benchmark": ("synthetic_train.h5", "synthetic_valid.h5"),        # the ladder's default --data_dir
+    "data/benchmark": ("synthetic_train.h5", "synthetic_valid.h5"),        # the benchmarks' default --data_dir
     "real": ("downsamp_2048crop_train.h5", "downsamp_1024crop_valid.h5"),  # $DATA_DIR: the real files' names
 }
 
@@ -368,7 +382,7 @@ def test_readme_command_runs_on_cpu(command, tmp_path, readme_data):
     scratch = make_scratch(tmp_path, ROOT)
     if command.startswith("make ") and not os.path.isdir(os.path.join(scratch, ".venv")):
         pytest.skip("make would build a .venv here: run the tests from the repository's virtual environment")
-    wanted = {"data": run.data, "data/benchmark": "benchmarks.ladder" in command, "real": "$DATA_DIR" in command}
+    wanted = {"data": run.data, "data/benchmark": re.search(r"benchmarks\.(ladder|scaling)", command) is not None, "real": "$DATA_DIR" in command}
     for folder, (train_name, valid_name) in DATA_FOLDERS.items():
         if wanted[folder]:
             copy_data([(readme_data["train"], os.path.join(scratch, folder, train_name)),

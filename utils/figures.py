@@ -10,6 +10,8 @@
   (skipped with a message when Chromium is missing).
 - ``ladder_<results file>.png``: FULL, SYNTHETIC and IO samples/s of every rung of each committed
   benchmark result, ``benchmarks/results/*.json`` (written by ``python -m benchmarks.ladder``).
+- ``scaling_<folder>.png``: weak-scaling throughput and communication overhead of each committed
+  ``benchmarks/results/scaling/<folder>/`` (written by ``python -m benchmarks.scaling``).
 - ``profile_<folder>_<rung>.png``: a timeline of two steps of each committed torch profiler trace,
   listed in ``profiles.json`` of ``sample_nsys_profiles/`` and ``example_logs/cpu_profiles/``
   (written by ``python -m benchmarks.profiles``).
@@ -175,6 +177,23 @@ def profile_figures(folder, out_dir):
     return written
 
 
+def scaling_figures(results, out_dir):
+    """A weak-scaling plot for each folder of ``results``/scaling/ (written by benchmarks.scaling)."""
+    from utils import plot_scaling
+
+    written = []
+    for index_path in sorted(glob.glob(os.path.join(results, "scaling", "*", "scaling.json"))):
+        folder = os.path.dirname(index_path)
+        index, ddp, noddp = plot_scaling.read_folder(folder)
+        if not ddp and not noddp:
+            continue
+        name = f"scaling_{os.path.basename(folder)}.png"
+        plot_scaling.plot(ddp, noddp, "FULL", os.path.join(out_dir, name), index["unit"],
+                          f"weak scaling, local batch {index['local_batch']}: {index['device']}, {index['date'][:10]}")
+        written.append((name, folder))
+    return written
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Make the tutorial's figures from example_logs/.")
     parser.add_argument("--run", default=os.path.join(ROOT, "example_logs", "demo"),
@@ -201,6 +220,8 @@ def main(argv=None):
         name = f"ladder_{os.path.splitext(os.path.basename(path))[0]}.png"
         ladder_chart(report, os.path.join(args.out_dir, name))
         print(f"wrote {name} from {os.path.relpath(path, ROOT)}")
+    for name, folder in scaling_figures(args.results, args.out_dir):
+        print(f"wrote {name} from {os.path.relpath(folder, ROOT)}")
     for folder in args.profiles:
         for name in profile_figures(folder, args.out_dir):
             print(f"wrote {name} from {os.path.relpath(folder, ROOT)}")

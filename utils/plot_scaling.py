@@ -12,6 +12,7 @@ the all-reduce, so they measure compute (and loading) alone. Each file's ``nrank
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 
@@ -28,6 +29,17 @@ def read_series(paths, kind):
     return {n: statistics.mean(values) for n, values in sorted(series.items())}
 
 
+def read_folder(folder, kind="FULL"):
+    """``(index, ddp, noddp)`` of a folder written by ``python -m benchmarks.scaling``: its
+    scaling.json and the two series of the points that finished."""
+    with open(os.path.join(folder, "scaling.json")) as f:
+        index = json.load(f)
+    done = [point for point in index["points"] if "file" in point]
+    ddp, noddp = (read_series([os.path.join(folder, p["file"]) for p in done if p["mode"] == mode], kind)
+                  for mode in ("ddp", "noddp"))
+    return index, ddp, noddp
+
+
 def efficiency(series):
     """Weak-scaling efficiency: throughput on N over N times the smallest run's throughput per rank."""
     smallest = min(series)
@@ -35,11 +47,25 @@ def efficiency(series):
     return {n: value / (n * per_rank) for n, value in series.items()}
 
 
-def plot(ddp, noddp, kind, path):
+def markdown_table(ddp, noddp, unit="GPUs"):
+    """Throughput, weak-scaling efficiency and communication overhead at each size, as a markdown table."""
+    efficient = efficiency(ddp) if ddp else {}
+    lines = [f"| {unit} | DDP samples/s | efficiency | noddp samples/s | overhead (1 - DDP/noddp) |",
+             "|---|---|---|---|---|"]
+    for n in sorted(set(ddp) | set(noddp)):
+        cells = [f"{ddp[n]:.1f}" if n in ddp else "-", f"{efficient[n]:.1%}" if n in ddp else "-",
+                 f"{noddp[n]:.1f}" if n in noddp else "-",
+                 f"{1 - ddp[n] / noddp[n]:.1%}" if n in ddp and n in noddp else "-"]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(ddp, noddp, kind, path, unit="GPUs", title="weak scaling"):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullLocator
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
     for label, series, marker in (("DDP", ddp, "o"), ("noddp (no communication)", noddp, "s")):
@@ -49,19 +75,28 @@ def plot(ddp, noddp, kind, path):
         left.plot(ranks, [series[n] for n in ranks], marker + "-", label=label)
         per_rank = series[ranks[0]] / ranks[0]
         left.plot(ranks, [n * per_rank for n in ranks], ":", color="gray")
-    left.plot([], [], ":", color="gray", label="ideal (N x smallest run per GPU)")
+    left.plot([], [], ":", color="gray", label="ideal (N x smallest run per rank)")
     left.set_xscale("log", base=2)
     left.set_yscale("log")
-    left.set_xlabel("GPUs")
+    sizes = sorted(set(ddp) | set(noddp))
+    left.set_xticks(sizes, [str(n) for n in sizes])
+    left.xaxis.set_minor_locator(NullLocator())
+    plain = FuncFormatter(lambda value, _: f"{value:g}")  # 90, not 9 x 10^1
+    left.yaxis.set_major_formatter(plain)
+    left.yaxis.set_minor_formatter(plain)
+    left.tick_params(axis="y", which="minor", labelsize=7)
+    left.set_xlabel(unit)
     left.set_ylabel(f"{kind} samples/s")
-    left.set_title("weak scaling")
+    left.set_title(title, fontsize=9)
     left.legend(fontsize=8)
     shared = sorted(set(ddp) & set(noddp))
     if shared:
-        right.bar([str(n) for n in shared], [100 * (1 - ddp[n] / noddp[n]) for n in shared])
-    right.set_xlabel("GPUs")
+        bars = right.bar([str(n) for n in shared], [100 * (1 - ddp[n] / noddp[n]) for n in shared])
+        right.bar_label(bars, fmt="%.1f%%", fontsize=8)
+        right.axhline(0, color="black", linewidth=0.8)
+    right.set_xlabel(unit)
     right.set_ylabel("communication overhead (%)")
-    right.set_title("1 - DDP / noddp throughput")
+    right.set_title("1 - DDP / noddp throughput", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -72,19 +107,14 @@ def main(argv=None):
     parser.add_argument("--ddp", nargs="+", required=True, help="results of runs with gradient communication")
     parser.add_argument("--noddp", nargs="*", default=[], help="results of the same runs with --noddp")
     parser.add_argument("--kind", default="FULL", choices=("FULL", "SYNTHETIC", "IO"))
+    parser.add_argument("--unit", default="GPUs", help="what a rank is, for the axis labels")
+    parser.add_argument("--title", default="weak scaling")
     parser.add_argument("--out", default="scaling.png")
     args = parser.parse_args(argv)
 
     ddp, noddp = read_series(args.ddp, args.kind), read_series(args.noddp, args.kind)
-    print(f"{'GPUs':>5} {'DDP':>12} {'efficiency':>10} {'noddp':>12} {'overhead':>9}")
-    ddp_efficiency = efficiency(ddp)
-    for n in sorted(set(ddp) | set(noddp)):
-        cells = [f"{ddp[n]:12.1f}" if n in ddp else f"{'-':>12}",
-                 f"{ddp_efficiency[n]:10.1%}" if n in ddp else f"{'-':>10}",
-                 f"{noddp[n]:12.1f}" if n in noddp else f"{'-':>12}",
-                 f"{1 - ddp[n] / noddp[n]:9.1%}" if n in ddp and n in noddp else f"{'-':>9}"]
-        print(f"{n:>5} " + " ".join(cells))
-    plot(ddp, noddp, args.kind, args.out)
+    print(markdown_table(ddp, noddp, args.unit))
+    plot(ddp, noddp, args.kind, args.out, args.unit, args.title)
     print(f"Plot: {args.out}")
 
 

@@ -1,0 +1,78 @@
+"""What the benchmark tools share: the data set they measure on, the device's name, and running a
+real command with its output kept and a time limit."""
+import argparse
+import os
+import re
+import socket
+import subprocess
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def argument_parser(doc, presets, scratch=None):
+    """The options all the benchmark tools have: --preset and --data_dir; with ``scratch`` (a folder
+    under runs/), also those of the tools that run train.py as separate commands: --work_dir, --timeout."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--preset", choices=sorted(presets), default="gpu")
+    parser.add_argument("--data_dir", default=os.path.join(ROOT, "data", "benchmark"),
+                        help="the synthetic data set, made there first if missing")
+    if scratch:
+        parser.add_argument("--work_dir", default=os.path.join(ROOT, "runs", scratch),
+                            help="scratch space for the runs' directories (not kept)")
+        parser.add_argument("--timeout", type=int, default=300, help="seconds per run")
+    return parser
+
+
+def make_data(data_dir, box):
+    """The synthetic data set (with the .npy copies DALI reads), made once."""
+    from utils import generate_data
+
+    train_path = os.path.join(data_dir, "synthetic_train.h5")
+    if not os.path.exists(train_path):
+        generate_data.main(["--out_dir", data_dir, "--train_size", str(box), "--val_size", str(box // 2)])
+    return train_path, os.path.join(data_dir, "synthetic_valid.h5")
+
+
+def device_name(gpu):
+    """The GPU's name (device 0), or the CPU machine's: "CPU (<host>, <N> cores)"."""
+    if gpu:
+        return torch.cuda.get_device_name(0)
+    return f"CPU ({socket.gethostname()}, {os.cpu_count()} cores)"
+
+
+def device_slug(name):
+    """A file-name form of a device's name: "NVIDIA H100 80GB HBM3" -> nvidia-h100-80gb-hbm3."""
+    return re.sub(r"[^0-9a-z]+", "-", name.lower()).strip("-")
+
+
+def relative(path):
+    """A path as a reader in the repository's top-level folder would type it."""
+    path = os.path.abspath(path)
+    return os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
+
+
+def relative_args(command):
+    """The command as typed in the repository's top-level folder (paths inside it made relative)."""
+    shown = []
+    for arg in command:
+        key, _, value = arg.partition("=")
+        shown.append(f"{key}={relative(value)}" if key in ("--train_path", "--val_path", "--expdir") else arg)
+    return shown
+
+
+def run(argv, log_path, timeout, mode="w", env=None):
+    """Run ``argv`` in the repository, its output to ``log_path``; the exit status, or a text saying
+    that it timed out (one stuck run must not cost the others their results)."""
+    with open(log_path, mode) as log:
+        try:
+            return subprocess.run(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            return f"timed out after {timeout} s"
+
+
+def outcome(code):
+    """How a :func:`run` ended, in words."""
+    return code if isinstance(code, str) else f"exit status {code}"

@@ -1,0 +1,139 @@
+"""Weak scaling on one node: benchy trials at 1, 2, 4, ... ranks, with DDP and with --noddp, in one run.
+
+    python -m benchmarks.scaling                   # on a GPU node: 1, 2, 4, ... ranks, one per GPU
+    python -m benchmarks.scaling --preset cpu      # on a CPU: 1, 2, ... gloo ranks, one core each
+
+Each point is one real run, ``torchrun --standalone --nproc_per_node=N train.py <options>
+--enable_benchy``: the command the batch script runs on N GPUs. Weak scaling keeps the local batch
+fixed, so N ranks train N times the samples per step, and ideal scaling is N times the throughput
+of one. Each size runs twice, with DDP and with ``--noddp`` (no gradient all-reduce): the gap
+between the two is what communication costs that the backward pass does not hide.
+
+The results go to ``benchmarks/results/scaling/<device>-<date>/``: each run's benchy JSON
+(``ddp_N.json``, ``noddp_N.json``) and log, ``scaling.json`` (device, command, date, the points)
+and ``README.md`` (the table, with efficiency and overhead). ``make figures`` plots every such
+folder with ``utils.plot_scaling``. Points on several nodes come from the batch script (README,
+"Multi-GPU performance"); this measures what one node can show.
+"""
+import datetime
+import json
+import os
+import shlex
+import shutil
+import sys
+
+import torch
+
+from benchmarks.common import (ROOT, argument_parser, device_name, device_slug, make_data, outcome, relative,
+                               relative_args, run)
+from utils import plot_scaling
+
+# The tutorial's weak-scaling settings (bs64_opt, local batch 64) with the GPU-resident loader, which
+# needs no DALI wheel; on a CPU the demo model, one core per rank, so that ranks do not share cores.
+PRESETS = {
+    "gpu": {"options": ["--config=bs64_opt", "--data_loader_config=gpu-inmem", "--device=cuda"], "local_batch": 64,
+            "box": 256, "threads": None, "unit": "GPUs"},
+    "cpu": {"options": ["--config=demo", "--data_loader_config=gpu-inmem", "--device=cpu"], "local_batch": 8,
+            "box": 128, "threads": 1, "unit": "CPU ranks (one core each)"},
+}
+TRIALS = "IO: {{nbatches: {n}, ntrials: {t}, nwarmup: {w}}}\nsynthetic: {{nbatches: {n}, ntrials: {t}, " \
+         "nwarmup: {w}}}\nfull: {{nbatches: {n}, ntrials: {t}, nwarmup: {w}}}\n"
+
+
+def default_ranks(preset):
+    """1, 2, 4, ... up to the GPUs (or cores) this node has."""
+    available = torch.cuda.device_count() if preset == "gpu" else os.cpu_count() or 1
+    return [2 ** i for i in range(available.bit_length()) if 2 ** i <= available]
+
+
+def point_command(preset, args, ranks, mode, train_path, val_path):
+    """The torchrun command of one point: ``ranks`` processes, with DDP or with --noddp."""
+    local = preset["local_batch"]
+    epochs = 2 * (args.nwarmup + args.ntrials) + 1  # one trial per epoch (SYNTHETIC, then FULL); +1 for benchy
+    return ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "train.py",
+            *preset["options"], f"--train_path={train_path}", f"--val_path={val_path}",
+            f"--local_batch_size={local}", f"--Nsamples={ranks * local * (args.nbatches + 1)}",
+            f"--num_epochs={epochs}", "--enable_benchy", "--checkpoint=false",
+            f"--expdir={os.path.join(args.work_dir, 'runs')}",
+            f"--run_num={mode}_{ranks}", *(["--noddp"] if mode == "noddp" else [])]
+
+
+def write_summary(out_dir, index):
+    """scaling.json and README.md, rewritten after every point."""
+    with open(os.path.join(out_dir, "scaling.json"), "w") as f:
+        json.dump(index, f, indent=2)
+    _, ddp, noddp = plot_scaling.read_folder(out_dir)
+    lines = [f"# Weak scaling on one node: {index['device']}", "",
+             f"Made by `{index['command']}` ({index['date']}, torch {index['torch']}). FULL samples/s of the "
+             f"whole job, local batch {index['local_batch']} per rank; each point is the run named beside it, "
+             "whose benchy JSON and log are in this folder.", "",
+             plot_scaling.markdown_table(ddp, noddp, index["unit"]), "", "The runs:", ""]
+    for point in index["points"]:
+        result = f"`{point['file']}`" if "file" in point else f"no result: {point['error']}"
+        lines.append(f"- {result} ({point['mode']}, {point['ranks']} {'rank' if point['ranks'] == 1 else 'ranks'}, "
+                     f"log `{point['log']}`): `{point['command']}`")
+    with open(os.path.join(out_dir, "README.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main(argv=None):
+    parser = argument_parser(__doc__, PRESETS, scratch="scaling")
+    parser.add_argument("--ranks", type=int, nargs="+", help="the sizes to run (default: 1, 2, 4, ... up to "
+                        "the GPUs, or cores, of this node)")
+    parser.add_argument("--out_dir", default=None, help="default: benchmarks/results/scaling/<device>-<date>")
+    parser.add_argument("--nbatches", type=int, default=20, help="batches per trial")
+    parser.add_argument("--ntrials", type=int, default=3)
+    parser.add_argument("--nwarmup", type=int, default=1)
+    parser.add_argument("--extra", default="", help="more train.py options for every run, e.g. "
+                        "'--bucket_cap_mb=100 --ddp_comm_hook=bf16'")
+    args = parser.parse_args(argv)
+
+    preset = PRESETS[args.preset]
+    if args.preset == "gpu" and not torch.cuda.is_available():
+        sys.exit("error: the gpu preset needs a CUDA GPU; use --preset cpu on this machine.")
+    ranks = args.ranks or default_ranks(args.preset)
+    name = device_name(args.preset == "gpu")
+    stamp = datetime.datetime.now(datetime.timezone.utc)
+    out_dir = args.out_dir or os.path.join(ROOT, "benchmarks", "results", "scaling",
+                                           f"{device_slug(name)}-{stamp:%Y-%m-%d}")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "benchy.yaml"), "w") as f:
+        f.write(TRIALS.format(n=args.nbatches, t=args.ntrials, w=args.nwarmup))
+    train_path, val_path = make_data(args.data_dir, preset["box"])
+    shutil.rmtree(os.path.join(args.work_dir, "runs"), ignore_errors=True)  # the last measurement's run directories
+    preset = {**preset, "options": preset["options"] + shlex.split(args.extra)}
+    env = {**os.environ, "BENCHY_CONFIG_FILE": os.path.join(out_dir, "benchy.yaml")}
+    if preset["threads"]:  # torchrun sets 1 thread per rank only for several ranks: the same for every size
+        env["OMP_NUM_THREADS"] = str(preset["threads"])
+
+    index = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
+             "date": stamp.isoformat(timespec="seconds"), "unit": preset["unit"],
+             "local_batch": preset["local_batch"], "options": preset["options"],
+             "command": "python -m benchmarks.scaling " + shlex.join(sys.argv[1:] if argv is None else argv),
+             "points": []}
+    for n in ranks:
+        for mode in ("ddp", "noddp"):
+            name = f"{mode}_{n}"
+            command = point_command(preset, args, n, mode, train_path, val_path)
+            env["BENCHY_OUTPUT"] = os.path.join(out_dir, name)
+            variables = [f"{key}={relative(env[key])}" for key in ("OMP_NUM_THREADS", "BENCHY_CONFIG_FILE",
+                                                                   "BENCHY_OUTPUT") if key in env]
+            point = {"mode": mode, "ranks": n, "log": f"{name}.log",
+                     "command": shlex.join([*variables, "python", *relative_args(command)])}
+            print(f"=== {name}: {point['command']}", flush=True)
+            code = run([sys.executable, *command], os.path.join(out_dir, point["log"]), args.timeout, env=env)
+            if code == 0 and os.path.exists(os.path.join(out_dir, f"{name}.json")):
+                point["file"] = f"{name}.json"
+            else:
+                point["error"] = f"the run failed ({outcome(code)}); see {point['log']}"
+            print(json.dumps(point), flush=True)
+            index["points"].append(point)
+            write_summary(out_dir, index)  # after every point: a stage stopped at its time limit keeps them
+    with open(os.path.join(out_dir, "README.md")) as f:
+        print(f.read())
+    print(f"Results in {relative(out_dir)}; plot them with `make figures` or `python -m utils.plot_scaling`.")
+    return index
+
+
+if __name__ == "__main__":
+    main()
