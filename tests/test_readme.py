@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, needs_dali
 from readme_commands import copy_data, make_scratch, readme_commands, shell_line
 from utils.generate_data import generate_box, write_h5
 
@@ -105,6 +105,8 @@ NOT_RUN = [
     (r"python -m benchmarks\.ladder", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
     (r"python -m benchmarks\.profiles", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
     (r"python -m benchmarks\.scaling", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
+    (r"python train_graph\.py .*", "needs a CUDA GPU (CUDA graphs); tests/test_train_graph.py compares graph and "
+                                    "eager runs on a GPU and checks the refusal on a CPU"),
     (r"salloc .*", "needs a Slurm allocation of GPU nodes; tests/test_slurm.py runs srun under a real Slurm"),
     (r"export MASTER_ADDR=.*", "only inside a Slurm allocation (reads SLURM_JOB_NODELIST)"),
     (r"srun .*", "needs a Slurm allocation of GPU nodes; tests/test_slurm.py runs srun under a real Slurm"),
@@ -128,13 +130,15 @@ class Run:
     """How a README command is run: ``append`` goes at its end, ``env`` into its environment
     (``{scratch}`` is the scratch directory), ``before`` are command lines run first (not README
     commands: the state the README command expects), and ``check(scratch, output)`` asserts on what it
-    made. ``data``: whether data/ holds the synthetic files first. ``xfail``: a known code bug."""
+    made. ``data``: whether data/ holds the synthetic files first. ``xfail``: a known code bug.
+    ``marks``: pytest marks, e.g. a skip without an optional package."""
     append: str = ""
     env: dict = field(default_factory=dict)
     before: tuple = ()
     data: bool = True
     check: Optional[Callable] = None
     xfail: str = ""
+    marks: tuple = ()
 
 
 def run_dir(scratch, config, devices="1CPU", run_num="00"):
@@ -295,6 +299,36 @@ RUN = {
         env={"BENCHY_CONFIG_FILE": "{scratch}/benchy.yaml"}, check=check_png("scaling.png")),
 }
 
+# The single-GPU performance section: each step is the short config with a few options, run here shrunk like
+# the commands above, and checked for the options it resolved.
+SHORT = "python train.py --config=short --num_epochs 4"
+PERFORMANCE_STEPS = {
+    "--num_data_workers 8 --data_loader_config=inmem": {"num_data_workers": 8, "data_loader_config": "inmem"},
+    "--data_loader_config=gpu-inmem": {"data_loader_config": "gpu-inmem"},
+    "--data_loader_config=gpu-inmem --gpu_inmem_dtype=bfloat16": {"gpu_inmem_dtype": "bfloat16"},
+    "--data_loader_config=gpu-inmem --tf32=false": {"tf32": False},
+    "--data_loader_config=gpu-inmem --amp_mode=bf16": {"amp_mode": "bf16"},
+    "--data_loader_config=gpu-inmem --amp_mode=fp16": {"amp_mode": "fp16"},
+    "--data_loader_config=gpu-inmem --amp_mode=bf16 --channels_last": {"channels_last": True},
+    "--data_loader_config=gpu-inmem --amp_mode=bf16 --enable_fused --enable_jit": {"enable_fused": True,
+                                                                                   "enable_jit": True},
+    # torch.compile on the CPU: Inductor's C++ kernels, about 20 s of compiling on 2 cores.
+    "--data_loader_config=gpu-inmem --amp_mode=bf16 --enable_fused --jit_mode=compile": {"jit_mode": "compile"},
+}
+RUN.update({f"{SHORT} {options}": Run(append=f"{SMALL_MODEL} {TINY}", check=check_run("short", **expected))
+            for options, expected in PERFORMANCE_STEPS.items()})
+RUN.update({
+    # On a CPU the variable changes nothing; the run must still work as written.
+    f"NVIDIA_TF32_OVERRIDE=0 {SHORT} --data_loader_config=gpu-inmem": Run(
+        append=f"{SMALL_MODEL} {TINY}", check=check_run("short", data_loader_config="gpu-inmem")),
+    # DALI's real pipeline in its CPU mode, on .npy copies made first as the README's data section says.
+    f"{SHORT} --num_data_workers 8 --data_loader_config=dali-lowmem": Run(
+        before=("python -m utils.convert_h5_to_npy -i data/synthetic_train.h5 -d Nbody -l Hydro",
+                "python -m utils.convert_h5_to_npy -i data/synthetic_valid.h5 -d Nbody -l Hydro"),
+        append=f"{SMALL_MODEL} {TINY}", check=check_run("short", data_loader_config="dali-lowmem"),
+        marks=(needs_dali,)),
+})
+
 COMMANDS = readme_commands(README)
 
 
@@ -374,8 +408,8 @@ def command_id(command, limit=90):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", [
-    pytest.param(c, id=command_id(c),
-                 marks=pytest.mark.xfail(strict=True, reason=RUN[c].xfail) if RUN[c].xfail else ())
+    pytest.param(c, id=command_id(c), marks=[*RUN[c].marks, *([pytest.mark.xfail(strict=True, reason=RUN[c].xfail)]
+                                                              if RUN[c].xfail else [])])
     for c in COMMANDS if c in RUN])
 def test_readme_command_runs_on_cpu(command, tmp_path, readme_data):
     run = RUN[command]
