@@ -9,11 +9,13 @@ fixed, so N ranks train N times the samples per step, and ideal scaling is N tim
 of one. Each size runs twice, with DDP and with ``--noddp`` (no gradient all-reduce): the gap
 between the two is what communication costs that the backward pass does not hide.
 
-The results go to ``benchmarks/results/scaling/<device>-<date>/``: each run's benchy JSON
-(``ddp_N.json``, ``noddp_N.json``) and log, ``scaling.json`` (device, command, date, the points)
-and ``README.md`` (the table, with efficiency and overhead). ``make figures`` plots every such
-folder with ``utils.plot_scaling``. Points on several nodes come from the batch script (README,
-"Multi-GPU performance"); this measures what one node can show.
+``--ddp_options`` tries DDP's knobs on the DDP runs. The results go to
+``benchmarks/results/scaling/<device>-<date>/``, followed by the options that change what is
+measured (``--local_batch_size``, ``--extra``, ``--ddp_options``) when given: each run's benchy
+JSON (``ddp_N.json``, ``noddp_N.json``) and log, ``scaling.json`` (device, command, date, the
+points) and ``README.md`` (the table, with efficiency and overhead). ``make figures`` plots every
+such folder with ``utils.plot_scaling``. Points on several nodes come from the batch script
+(README, "Multi-GPU performance"); this measures what one node can show.
 """
 import datetime
 import json
@@ -55,7 +57,13 @@ def point_command(preset, args, ranks, mode, train_path, val_path):
             f"--local_batch_size={local}", f"--Nsamples={ranks * local * (args.nbatches + 1)}",
             f"--num_epochs={epochs}", "--enable_benchy", "--checkpoint=false",
             f"--expdir={os.path.join(args.work_dir, 'runs')}",
-            f"--run_num={mode}_{ranks}", *(["--noddp"] if mode == "noddp" else [])]
+            f"--run_num={mode}_{ranks}", *(["--noddp"] if mode == "noddp" else shlex.split(args.ddp_options))]
+
+
+def folder_name(device, stamp, args):
+    """<device>-<date>, then the options that change what is measured: a variant never overwrites the baseline."""
+    variant = f"{args.extra} {args.ddp_options}" + (f" batch {args.local_batch_size}" if args.local_batch_size else "")
+    return "-".join(filter(None, [device_slug(device), f"{stamp:%Y-%m-%d}", device_slug(variant)]))
 
 
 def write_summary(out_dir, index):
@@ -80,12 +88,15 @@ def main(argv=None):
     parser = argument_parser(__doc__, PRESETS, scratch="scaling")
     parser.add_argument("--ranks", type=int, nargs="+", help="the sizes to run (default: 1, 2, 4, ... up to "
                         "the GPUs, or cores, of this node)")
-    parser.add_argument("--out_dir", default=None, help="default: benchmarks/results/scaling/<device>-<date>")
+    parser.add_argument("--out_dir", default=None, help="default: benchmarks/results/scaling/<device>-<date>, "
+                        "followed by the options that change what is measured")
     parser.add_argument("--nbatches", type=int, default=20, help="batches per trial")
     parser.add_argument("--ntrials", type=int, default=3)
     parser.add_argument("--nwarmup", type=int, default=1)
-    parser.add_argument("--extra", default="", help="more train.py options for every run, e.g. "
-                        "'--bucket_cap_mb=100 --ddp_comm_hook=bf16'")
+    parser.add_argument("--local_batch_size", type=int, help="per rank (default: the preset's, 64 or 8)")
+    parser.add_argument("--extra", default="", help="more train.py options for every run, e.g. '--amp_mode=bf16'")
+    parser.add_argument("--ddp_options", default="", help="DDP's knobs, for the DDP runs only (the --noddp runs "
+                        "send no gradients), e.g. '--bucket_cap_mb=100 --ddp_comm_hook=bf16'")
     args = parser.parse_args(argv)
 
     preset = PRESETS[args.preset]
@@ -94,21 +105,21 @@ def main(argv=None):
     ranks = args.ranks or default_ranks(args.preset)
     name = device_name(args.preset == "gpu")
     stamp = datetime.datetime.now(datetime.timezone.utc)
-    out_dir = args.out_dir or os.path.join(ROOT, "benchmarks", "results", "scaling",
-                                           f"{device_slug(name)}-{stamp:%Y-%m-%d}")
+    out_dir = args.out_dir or os.path.join(ROOT, "benchmarks", "results", "scaling", folder_name(name, stamp, args))
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "benchy.yaml"), "w") as f:
         f.write(TRIALS.format(n=args.nbatches, t=args.ntrials, w=args.nwarmup))
     train_path, val_path = make_data(args.data_dir, preset["box"])
     shutil.rmtree(os.path.join(args.work_dir, "runs"), ignore_errors=True)  # the last measurement's run directories
-    preset = {**preset, "options": preset["options"] + shlex.split(args.extra)}
+    preset = {**preset, "options": preset["options"] + shlex.split(args.extra),
+              "local_batch": args.local_batch_size or preset["local_batch"]}
     env = {**os.environ, "BENCHY_CONFIG_FILE": os.path.join(out_dir, "benchy.yaml")}
     if preset["threads"]:  # torchrun sets 1 thread per rank only for several ranks: the same for every size
         env["OMP_NUM_THREADS"] = str(preset["threads"])
 
     index = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
              "date": stamp.isoformat(timespec="seconds"), "unit": preset["unit"],
-             "local_batch": preset["local_batch"], "options": preset["options"],
+             "local_batch": preset["local_batch"], "options": preset["options"], "ddp_options": args.ddp_options,
              "command": "python -m benchmarks.scaling " + shlex.join(sys.argv[1:] if argv is None else argv),
              "points": []}
     for n in ranks:

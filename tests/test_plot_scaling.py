@@ -1,5 +1,7 @@
 """benchmarks/scaling.py and utils/plot_scaling.py on benchmark files that real CPU runs (1 and 2 gloo ranks,
 with and without --noddp) write, and on files with known throughputs."""
+import argparse
+import datetime
 import json
 
 import pytest
@@ -35,6 +37,21 @@ def test_scaling_benchmark_runs_one_and_two_ranks_and_plots_them(synthetic_data_
                           "--data_dir", str(synthetic_data_dir), "--out_dir", str(out), "--work_dir",
                           str(tmp_path / "work"), "--extra=--base_channels=4"])
     assert all("error" not in p for p in again["points"])
+
+
+def test_ddp_options_reach_the_ddp_runs_only_and_name_the_folder():
+    """--noddp runs send no gradients, and train.py refuses DDP's knobs with --noddp."""
+    args = argparse.Namespace(nbatches=2, ntrials=1, nwarmup=1, work_dir="scratch", extra="--amp_mode=bf16",
+                              ddp_options="--bucket_cap_mb=100 --ddp_comm_hook=bf16", local_batch_size=None)
+    ddp = scaling.point_command(scaling.PRESETS["cpu"], args, 2, "ddp", "t.h5", "v.h5")
+    noddp = scaling.point_command(scaling.PRESETS["cpu"], args, 2, "noddp", "t.h5", "v.h5")
+    assert {"--bucket_cap_mb=100", "--ddp_comm_hook=bf16"} <= set(ddp) and "--noddp" not in ddp
+    assert "--noddp" in noddp and not {"--bucket_cap_mb=100", "--ddp_comm_hook=bf16"} & set(noddp)
+    stamp = datetime.datetime(2026, 11, 23)
+    assert scaling.folder_name("NVIDIA H100 80GB HBM3", stamp, args) == \
+        "nvidia-h100-80gb-hbm3-2026-11-23-amp-mode-bf16-bucket-cap-mb-100-ddp-comm-hook-bf16"
+    plain = argparse.Namespace(extra="", ddp_options="", local_batch_size=None)
+    assert scaling.folder_name("CPU (vm, 2 cores)", stamp, plain) == "cpu-vm-2-cores-2026-11-23"
 
 
 def test_efficiency_and_overhead_from_known_throughputs(tmp_path, capsys):

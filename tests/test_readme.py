@@ -61,27 +61,48 @@ def test_quick_start_has_the_two_commands_and_ci_runs_the_second():
 
 
 def table_rows(text):
-    """The header cells (after the first) and {first cell: [other cells]} of the first markdown table in
-    ``text``."""
+    """The header and {first cell: {column: cell}} of the first markdown table in ``text``."""
     lines = text[text.index("\n|") + 1:].split("\n\n", 1)[0].splitlines()
     rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines
             if line.startswith("|") and not line.startswith("|---")]
-    return rows[0][1:], {row[0]: row[1:] for row in rows[1:]}
+    return rows[0], {row[0]: dict(zip(rows[0], row)) for row in rows[1:]}
+
+
+RESULTS_LINK = r"\]\((benchmarks/results/[^)]+\.md)\)"
+
+
+def results_table(path):
+    with open(os.path.join(ROOT, path)) as f:
+        return table_rows(f.read())
 
 
 def test_quoted_benchmark_numbers_are_those_of_the_results_file_linked():
-    """A table quoted under a link to a results file, benchmarks/results/**/*.md, must repeat its numbers."""
-    links = list(re.finditer(r"\]\((benchmarks/results/[^)]+\.md)\)", README))
-    assert len(links) >= 2, "the README quotes the CPU ladder and the CPU scaling results"
-    for link in links:
-        quoted_header, quoted = table_rows(README[link.end():])
-        with open(os.path.join(ROOT, link.group(1))) as f:
-            header, measured = table_rows(f.read())
-        assert quoted, f"no table after the link to {link.group(1)}"
-        for name, values in quoted.items():
+    """A table right after a paragraph that links a results file (benchmarks/results/**/*.md) repeats that
+    file's rows; a table row that links one repeats that file's row for the same first column."""
+    checked = 0
+    for link in re.finditer(RESULTS_LINK, README):  # a paragraph with the link, then the table
+        rest = README[link.end():]
+        if not rest[rest.index("\n\n") + 2:].startswith("|"):
+            continue
+        header, measured = results_table(link.group(1))
+        quoted_header, quoted = table_rows(rest)
+        assert set(quoted_header) <= set(header), (quoted_header, header)
+        for name, cells in quoted.items():
             assert name in measured, f"the README quotes a row {name!r} that {link.group(1)} does not have"
-            by_column = dict(zip(header, measured[name]))
-            assert values == [by_column[column] for column in quoted_header], (name, values, measured[name])
+            assert cells == {column: measured[name][column] for column in cells}, (name, cells, measured[name])
+            checked += 1
+    for table in re.findall(r"(?:^\|.*\n)+", README, flags=re.M):  # rows that link their own results file
+        quoted_header, quoted = table_rows("\n" + table)
+        for cells in quoted.values():
+            link = re.search(RESULTS_LINK, " ".join(cells.values()))
+            if not link:
+                continue
+            header, measured = results_table(link.group(1))
+            row = measured[cells[header[0]]]
+            shared = [column for column in quoted_header if column in header]
+            assert len(shared) >= 3 and all(cells[column] == row[column] for column in shared), (cells, row)
+            checked += 1
+    assert checked >= 7, "the README quotes the CPU ladder, the CPU scaling run and the DDP knobs"
 
 
 # ----------------------------------------------------------------------------- the commands not run here
@@ -237,6 +258,18 @@ def check_scaling(scratch, output):
     assert "| 1 | " in open(os.path.join(os.path.dirname(path), "README.md")).read()
 
 
+def check_ddp_options(options, folder_suffix):
+    def check(scratch, output):
+        (path,) = glob.glob(os.path.join(scratch, "benchmarks", "results", "scaling", f"*-{folder_suffix}",
+                                         "scaling.json"))
+        with open(path) as f:
+            index = json.load(f)
+        assert index["ddp_options"] == options and all("file" in p for p in index["points"]), index["points"]
+        ddp, noddp = index["points"]
+        assert options in ddp["command"] and "--noddp" in noddp["command"] and options not in noddp["command"]
+    return check
+
+
 def check_png(name):
     def check(scratch, output):
         assert open(os.path.join(scratch, name), "rb").read(4) == b"\x89PNG"
@@ -288,6 +321,14 @@ RUN = {
     # One rank (the scaling test, tests/test_plot_scaling.py, runs two), a narrower model, tiny trials.
     "python -m benchmarks.scaling --preset cpu": Run(
         append="--ranks 1 --nbatches 2 --ntrials 1 --nwarmup 1 --extra=--base_channels=4", check=check_scaling),
+    'python -m benchmarks.scaling --preset cpu --ranks 2 --ddp_options="--bucket_cap_mb=100 '
+    '--disable_broadcast_buffers"': Run(
+        append="--nbatches 2 --ntrials 1 --nwarmup 1 --extra=--base_channels=4",
+        check=check_ddp_options("--bucket_cap_mb=100 --disable_broadcast_buffers",
+                                "base-channels-4-bucket-cap-mb-100-disable-broadcast-buffers")),
+    'python -m benchmarks.scaling --preset cpu --ranks 2 --ddp_options="--ddp_comm_hook=bf16"': Run(
+        append="--nbatches 2 --ntrials 1 --nwarmup 1 --extra=--base_channels=4",
+        check=check_ddp_options("--ddp_comm_hook=bf16", "base-channels-4-ddp-comm-hook-bf16")),
     "torchrun --nproc_per_node=2 train.py --config=demo --device=cpu": Run(
         append=TINY, check=check_run("demo", devices="2CPU", world_size=2)),
     "torchrun --standalone --nproc_per_node=2 train.py --config=demo --device=cpu --local_batch_size=8 "

@@ -11,7 +11,8 @@
 - ``ladder_<results file>.png``: FULL, SYNTHETIC and IO samples/s of every rung of each committed
   benchmark result, ``benchmarks/results/*.json`` (written by ``python -m benchmarks.ladder``).
 - ``scaling_<folder>.png``: weak-scaling throughput and communication overhead of each committed
-  ``benchmarks/results/scaling/<folder>/`` (written by ``python -m benchmarks.scaling``).
+  ``benchmarks/results/scaling/<folder>/`` with two sizes or more (written by ``python -m
+  benchmarks.scaling``).
 - ``profile_<folder>_<rung>.png``: a timeline of two steps of each committed torch profiler trace,
   listed in ``profiles.json`` of ``sample_nsys_profiles/`` and ``example_logs/cpu_profiles/``
   (written by ``python -m benchmarks.profiles``).
@@ -185,7 +186,7 @@ def scaling_figures(results, out_dir):
     for index_path in sorted(glob.glob(os.path.join(results, "scaling", "*", "scaling.json"))):
         folder = os.path.dirname(index_path)
         index, ddp, noddp = plot_scaling.read_folder(folder)
-        if not ddp and not noddp:
+        if len(set(ddp) | set(noddp)) < 2:  # one size (a DDP knob tried at 2 ranks, say) is a table, not a plot
             continue
         name = f"scaling_{os.path.basename(folder)}.png"
         plot_scaling.plot(ddp, noddp, "FULL", os.path.join(out_dir, name), index["unit"],

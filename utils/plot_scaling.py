@@ -49,11 +49,11 @@ def efficiency(series):
 
 def markdown_table(ddp, noddp, unit="GPUs"):
     """Throughput, weak-scaling efficiency and communication overhead at each size, as a markdown table."""
-    efficient = efficiency(ddp) if ddp else {}
+    efficient = efficiency(ddp) if len(ddp) > 1 else {}  # one size is its own baseline: nothing to say
     lines = [f"| {unit} | DDP samples/s | efficiency | noddp samples/s | overhead (1 - DDP/noddp) |",
              "|---|---|---|---|---|"]
     for n in sorted(set(ddp) | set(noddp)):
-        cells = [f"{ddp[n]:.1f}" if n in ddp else "-", f"{efficient[n]:.1%}" if n in ddp else "-",
+        cells = [f"{ddp[n]:.1f}" if n in ddp else "-", f"{efficient[n]:.1%}" if n in efficient else "-",
                  f"{noddp[n]:.1f}" if n in noddp else "-",
                  f"{1 - ddp[n] / noddp[n]:.1%}" if n in ddp and n in noddp else "-"]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
