@@ -10,7 +10,7 @@ ORIGINAL_CONFIGS = ("base", "short", "short_opt", "bs64_opt", "bs256_opt", "bs51
                     "bs2048_opt", "bs8192_opt")
 
 
-@pytest.mark.parametrize("name", ORIGINAL_CONFIGS + ("demo", "test"))
+@pytest.mark.parametrize("name", ORIGINAL_CONFIGS + ("demo", "demo_bs32_test", "demo_bs32_opt", "test"))
 def test_every_config_loads_and_validates(name):
     options, params = load_params([f"--config={name}"])
     assert options["config"] == name
