@@ -105,6 +105,25 @@ def test_quoted_benchmark_numbers_are_those_of_the_results_file_linked():
     assert checked >= 7, "the README quotes the CPU ladder, the CPU scaling run and the DDP knobs"
 
 
+def test_large_batch_table_is_that_of_the_example_logs():
+    """The README's large-batch table: each run's batch, epochs, steps and final loss, from its committed logs."""
+    section = README.split("### Large-batch convergence", 1)[1].split("\n## ", 1)[0]
+    _, rows = table_rows(section[section.index("| run |") - 1:])
+    runs = {"`demo`": "example_logs/demo", "`demo_bs32_test`": "example_logs/large_batch/demo_bs32_test",
+            "`demo_bs32_opt`": "example_logs/large_batch/demo_bs32_opt"}
+    assert set(rows) == set(runs)
+    for name, folder in runs.items():
+        with open(os.path.join(ROOT, folder, "config.yaml")) as f:
+            config = yaml.safe_load(f)
+        with open(os.path.join(ROOT, folder, "out.log")) as f:
+            log = f.read()
+        steps = config["num_epochs"] * config["Nsamples"] // config["global_batch_size"]
+        final = re.findall(r"Avg val loss=([\d.]+)", log)[-1]
+        assert [rows[name][column] for column in ("batch", "epochs", "optimiser steps",
+                                                  "validation loss at the end")] == \
+            [str(config["global_batch_size"]), str(config["num_epochs"]), str(steps), final], name
+
+
 # ----------------------------------------------------------------------------- the commands not run here
 
 SLURM = ("needs a Slurm cluster with GPU nodes (Perlmutter); submit_pm.sh itself is submitted to a real "
@@ -321,6 +340,11 @@ RUN = {
     # One rank (the scaling test, tests/test_plot_scaling.py, runs two), a narrower model, tiny trials.
     "python -m benchmarks.scaling --preset cpu": Run(
         append="--ranks 1 --nbatches 2 --ntrials 1 --nwarmup 1 --extra=--base_channels=4", check=check_scaling),
+    # Batch 32 needs more than TINY's 16 crops per epoch.
+    "python train.py --config=demo_bs32_test": Run(
+        append=f"{TINY} --Nsamples=64", check=check_run("demo_bs32_test", global_batch_size=32, lr_scaling="sqrt")),
+    "python train.py --config=demo_bs32_opt": Run(
+        append=f"{TINY} --Nsamples=64", check=check_run("demo_bs32_opt", global_batch_size=32, Nsamples=64)),
     'python -m benchmarks.scaling --preset cpu --ranks 2 --ddp_options="--bucket_cap_mb=100 '
     '--disable_broadcast_buffers"': Run(
         append="--nbatches 2 --ntrials 1 --nwarmup 1 --extra=--base_channels=4",

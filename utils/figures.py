@@ -4,6 +4,8 @@
 
 - ``demo_loss_curves.png``: train and validation loss of the example demo run, read from its
   TensorBoard event files with TensorBoard's own reader.
+- ``large_batch_loss.png``: the validation loss of that run and of the ``demo_bs32_test`` and
+  ``demo_bs32_opt`` runs in ``example_logs/large_batch/``, against steps and samples.
 - ``demo_preview.png`` and ``demo_power_spectrum.png``: the last preview and power-spectrum images
   that run logged to TensorBoard.
 - ``tensorboard_scalars.png``: TensorBoard's scalars page for that run, shot in headless Chromium
@@ -56,6 +58,41 @@ def loss_curves(events, title, path):
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def large_batch_curves(runs, path):
+    """``Loss/valid`` of several runs against optimiser steps and against samples seen.
+
+    ``runs`` maps a label to a run directory (with logs/ and config.yaml). With one rank per
+    demo-sized batch, a step of any of these runs takes about the same time, so steps are the time
+    axis of a data-parallel run; on one processor, samples are.
+    """
+    import yaml
+
+    plt = pyplot()
+    fig, (by_step, by_sample) = plt.subplots(1, 2, figsize=(10, 4), dpi=100, sharey=True)
+    for label, run_dir in runs.items():
+        with open(os.path.join(run_dir, "config.yaml")) as f:
+            batch = yaml.safe_load(f)["global_batch_size"]
+        points = load_events(os.path.join(run_dir, "logs")).Scalars("Loss/valid")
+        steps, losses = [p.step for p in points], [p.value for p in points]
+        by_step.plot(steps, losses, "o-", markersize=3, label=f"{label} (batch {batch})")
+        by_sample.plot([step * batch for step in steps], losses, "o-", markersize=3)
+    from matplotlib.ticker import FuncFormatter
+
+    for ax, xlabel in ((by_step, "optimiser step (time with one rank per 8 samples)"),
+                       (by_sample, "samples seen (time on one processor)")):
+        ax.set_xlabel(xlabel)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))  # 0.02, not 2 x 10^-2
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.grid(True, which="both", alpha=0.3)
+    by_step.set_ylabel("validation L1 loss")
+    by_step.legend(fontsize=8)
+    fig.suptitle("large batches on the demo model (2-core CPU)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -199,6 +236,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description="Make the tutorial's figures from example_logs/.")
     parser.add_argument("--run", default=os.path.join(ROOT, "example_logs", "demo"),
                         help="a run directory holding logs/ (TensorBoard events)")
+    parser.add_argument("--large_batch", default=os.path.join(ROOT, "example_logs", "large_batch"),
+                        help="the demo_bs32_test and demo_bs32_opt runs, compared with --run")
     parser.add_argument("--out_dir", default=os.path.join(ROOT, "tutorial_images"))
     parser.add_argument("--results", default=os.path.join(ROOT, "benchmarks", "results"),
                         help="folder of benchmark results (*.json from benchmarks.ladder)")
@@ -215,6 +254,10 @@ def main(argv=None):
     last_image(events, "Preview", os.path.join(args.out_dir, "demo_preview.png"))
     last_image(events, "Power spectrum", os.path.join(args.out_dir, "demo_power_spectrum.png"))
     print(f"wrote demo_loss_curves.png, demo_preview.png, demo_power_spectrum.png to {args.out_dir}")
+    large_batch = {name: os.path.join(args.large_batch, name) for name in ("demo_bs32_test", "demo_bs32_opt")}
+    if all(os.path.isdir(run_dir) for run_dir in large_batch.values()):
+        large_batch_curves({"demo": args.run, **large_batch}, os.path.join(args.out_dir, "large_batch_loss.png"))
+        print(f"wrote large_batch_loss.png from {os.path.relpath(args.large_batch, ROOT)}")
     for path in sorted(glob.glob(os.path.join(args.results, "*.json"))):
         with open(path) as f:
             report = json.load(f)
