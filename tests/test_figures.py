@@ -1,5 +1,6 @@
 """`make figures`: the tutorial's images are remade from the committed example logs and results."""
 import os
+import re
 
 import pytest
 
@@ -19,6 +20,11 @@ def test_figures_are_made_from_the_example_logs(tmp_path):
     assert charts, "benchmarks/results holds at least the CPU ladder"
     for name in charts:  # one bar chart per committed benchmark result
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    # Every image the README shows comes out of make figures (the screenshot needs the browser, skipped here).
+    with open(os.path.join(ROOT, "README.md")) as f:
+        shown = {os.path.basename(path) for path in re.findall(r"!\[[^\]]*\]\((tutorial_images/[^)]+)\)", f.read())}
+    assert {"large_batch_loss.png", "scaling_cpu-vm-2-cores-2026-11-23.png"} <= shown
+    assert shown - {"tensorboard_scalars.png"} <= set(os.listdir(tmp_path)), shown - set(os.listdir(tmp_path))
 
 
 def test_example_logs_are_a_complete_demo_run():
