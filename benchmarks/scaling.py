@@ -77,9 +77,9 @@ def write_summary(out_dir, index):
              "whose benchy JSON and log are in this folder.", "",
              plot_scaling.markdown_table(ddp, noddp, index["unit"]), "", "The runs:", ""]
     for point in index["points"]:
-        result = f"`{point['file']}`" if "file" in point else f"no result: {point['error']}"
-        lines.append(f"- {result} ({point['mode']}, {point['ranks']} {'rank' if point['ranks'] == 1 else 'ranks'}, "
-                     f"log `{point['log']}`): `{point['command']}`")
+        result = f"`{point['file']}`" if "file" in point else f"no result, {point['error']}"
+        lines.append(f"- {result}, log `{point['log']}` ({point['mode']}, {point['ranks']} "
+                     f"{'rank' if point['ranks'] == 1 else 'ranks'}): `{point['command']}`")
     with open(os.path.join(out_dir, "README.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -136,7 +136,7 @@ def main(argv=None):
             if code == 0 and os.path.exists(os.path.join(out_dir, f"{name}.json")):
                 point["file"] = f"{name}.json"
             else:
-                point["error"] = f"the run failed ({outcome(code)}); see {point['log']}"
+                point["error"] = f"the run failed ({outcome(code)})"  # its log says why
             print(json.dumps(point), flush=True)
             index["points"].append(point)
             write_summary(out_dir, index)  # after every point: a stage stopped at its time limit keeps them

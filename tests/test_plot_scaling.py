@@ -39,6 +39,21 @@ def test_scaling_benchmark_runs_one_and_two_ranks_and_plots_them(synthetic_data_
     assert all("error" not in p for p in again["points"])
 
 
+def test_a_failed_point_is_recorded_and_the_others_kept(synthetic_data_dir, tmp_path):
+    """A run that fails (here train.py refuses a crop the U-Net cannot halve) leaves its log and an error
+    in the index; the table says so, and a folder without two finished sizes draws no plot."""
+    out = tmp_path / "scaling" / "broken"
+    index = scaling.main(["--preset", "cpu", "--ranks", "1", "--data_dir", str(synthetic_data_dir),
+                          "--out_dir", str(out), "--work_dir", str(tmp_path / "work"), "--extra=--crop_size=31"])
+    # torchrun ends with status 1 when a rank fails (train.py itself exits with 2).
+    assert [p["error"] for p in index["points"]] == ["the run failed (exit status 1)"] * 2
+    assert "crop_size=31 does not fit the U-Net" in (out / "ddp_1.log").read_text()
+    assert "- no result, the run failed (exit status 1), log `noddp_1.log` (noddp, 1 rank)" in \
+        (out / "README.md").read_text()
+    assert json.loads((out / "scaling.json").read_text())["points"] == index["points"]
+    assert figures.scaling_figures(str(tmp_path), str(tmp_path)) == []
+
+
 def test_ddp_options_reach_the_ddp_runs_only_and_name_the_folder():
     """--noddp runs send no gradients, and train.py refuses DDP's knobs with --noddp."""
     args = argparse.Namespace(nbatches=2, ntrials=1, nwarmup=1, work_dir="scratch", extra="--amp_mode=bf16",
