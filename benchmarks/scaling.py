@@ -1,4 +1,4 @@
-"""Weak scaling on one node: benchy trials at 1, 2, 4, ... ranks, with DDP and with --noddp, in one run.
+"""Weak (or strong) scaling on one node: benchy trials at 1, 2, 4, ... ranks, with DDP and with --noddp.
 
     python -m benchmarks.scaling                   # on a GPU node: 1, 2, 4, ... ranks, one per GPU
     python -m benchmarks.scaling --preset cpu      # on a CPU: 1, 2, ... gloo ranks, one core each
@@ -6,7 +6,8 @@
 Each point is one real run, ``torchrun --standalone --nproc_per_node=N train.py <options>
 --enable_benchy``: the command the batch script runs on N GPUs. Weak scaling keeps the local batch
 fixed, so N ranks train N times the samples per step, and ideal scaling is N times the throughput
-of one. Each size runs twice, with DDP and with ``--noddp`` (no gradient all-reduce): the gap
+of one. ``--global_batch_size=G`` measures strong scaling instead: G samples per step at every
+size, G / N per rank, so that more ranks finish the same work sooner. Each size runs twice, with DDP and with ``--noddp`` (no gradient all-reduce): the gap
 between the two is what communication costs that the backward pass does not hide.
 
 ``--ddp_options`` tries DDP's knobs on the DDP runs. The results go to
@@ -50,7 +51,8 @@ def default_ranks(preset):
 
 def point_command(preset, args, ranks, mode, train_path, val_path):
     """The torchrun command of one point: ``ranks`` processes, with DDP or with --noddp."""
-    local = preset["local_batch"]
+    # Weak scaling: the same local batch at every size. Strong: one global batch, split over the ranks.
+    local = args.global_batch_size // ranks if args.global_batch_size else preset["local_batch"]
     epochs = 2 * (args.nwarmup + args.ntrials) + 1  # one trial per epoch (SYNTHETIC, then FULL); +1 for benchy
     return ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "train.py",
             *preset["options"], f"--train_path={train_path}", f"--val_path={val_path}",
@@ -62,7 +64,9 @@ def point_command(preset, args, ranks, mode, train_path, val_path):
 
 def folder_name(device, stamp, args):
     """<device>-<date>, then the options that change what is measured: a variant never overwrites the baseline."""
-    variant = f"{args.extra} {args.ddp_options}" + (f" batch {args.local_batch_size}" if args.local_batch_size else "")
+    variant = " ".join([f"batch {args.local_batch_size}" if args.local_batch_size else "",
+                        f"strong {args.global_batch_size}" if args.global_batch_size else "", args.extra,
+                        args.ddp_options])
     return "-".join(filter(None, [device_slug(device), f"{stamp:%Y-%m-%d}", device_slug(variant)]))
 
 
@@ -73,7 +77,7 @@ def write_summary(out_dir, index):
     _, ddp, noddp = plot_scaling.read_folder(out_dir)
     lines = [f"# Weak scaling on one node: {index['device']}", "",
              f"Made by `{index['command']}` ({index['date']}, torch {index['torch']}). FULL samples/s of the "
-             f"whole job, local batch {index['local_batch']} per rank; each point is the run named beside it, "
+             f"whole job, {plot_scaling.batch_description(index)}; each point is the run named beside it, "
              "whose benchy JSON and log are in this folder.", "",
              plot_scaling.markdown_table(ddp, noddp, index["unit"]), "", "The runs:", ""]
     for point in index["points"]:
@@ -94,6 +98,8 @@ def main(argv=None):
     parser.add_argument("--ntrials", type=int, default=3)
     parser.add_argument("--nwarmup", type=int, default=1)
     parser.add_argument("--local_batch_size", type=int, help="per rank (default: the preset's, 64 or 8)")
+    parser.add_argument("--global_batch_size", type=int, help="strong scaling instead of weak: this global batch "
+                        "at every size, split over the ranks")
     parser.add_argument("--extra", default="", help="more train.py options for every run, e.g. '--amp_mode=bf16'")
     parser.add_argument("--ddp_options", default="", help="DDP's knobs, for the DDP runs only (the --noddp runs "
                         "send no gradients), e.g. '--bucket_cap_mb=100 --ddp_comm_hook=bf16'")
@@ -103,6 +109,9 @@ def main(argv=None):
     if args.preset == "gpu" and not torch.cuda.is_available():
         sys.exit("error: the gpu preset needs a CUDA GPU; use --preset cpu on this machine.")
     ranks = args.ranks or default_ranks(args.preset)
+    if args.global_batch_size and (args.local_batch_size or any(args.global_batch_size % n for n in ranks)):
+        parser.error(f"--global_batch_size={args.global_batch_size} must divide over every size ({ranks}), "
+                     "and replaces --local_batch_size")
     name = device_name(args.preset == "gpu")
     stamp = datetime.datetime.now(datetime.timezone.utc)
     out_dir = args.out_dir or os.path.join(ROOT, "benchmarks", "results", "scaling", folder_name(name, stamp, args))
@@ -119,7 +128,8 @@ def main(argv=None):
 
     index = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
              "date": stamp.isoformat(timespec="seconds"), "unit": preset["unit"],
-             "local_batch": preset["local_batch"], "options": preset["options"], "ddp_options": args.ddp_options,
+             "local_batch": None if args.global_batch_size else preset["local_batch"],
+             "global_batch": args.global_batch_size, "options": preset["options"], "ddp_options": args.ddp_options,
              "command": "python -m benchmarks.scaling " + shlex.join(sys.argv[1:] if argv is None else argv),
              "points": []}
     for n in ranks:

@@ -57,7 +57,8 @@ def test_a_failed_point_is_recorded_and_the_others_kept(synthetic_data_dir, tmp_
 def test_ddp_options_reach_the_ddp_runs_only_and_name_the_folder():
     """--noddp runs send no gradients, and train.py refuses DDP's knobs with --noddp."""
     args = argparse.Namespace(nbatches=2, ntrials=1, nwarmup=1, work_dir="scratch", extra="--amp_mode=bf16",
-                              ddp_options="--bucket_cap_mb=100 --ddp_comm_hook=bf16", local_batch_size=None)
+                              ddp_options="--bucket_cap_mb=100 --ddp_comm_hook=bf16", local_batch_size=None,
+                              global_batch_size=None)
     ddp = scaling.point_command(scaling.PRESETS["cpu"], args, 2, "ddp", "t.h5", "v.h5")
     noddp = scaling.point_command(scaling.PRESETS["cpu"], args, 2, "noddp", "t.h5", "v.h5")
     assert {"--bucket_cap_mb=100", "--ddp_comm_hook=bf16"} <= set(ddp) and "--noddp" not in ddp
@@ -65,8 +66,14 @@ def test_ddp_options_reach_the_ddp_runs_only_and_name_the_folder():
     stamp = datetime.datetime(2026, 11, 23)
     assert scaling.folder_name("NVIDIA H100 80GB HBM3", stamp, args) == \
         "nvidia-h100-80gb-hbm3-2026-11-23-amp-mode-bf16-bucket-cap-mb-100-ddp-comm-hook-bf16"
-    plain = argparse.Namespace(extra="", ddp_options="", local_batch_size=None)
+    plain = argparse.Namespace(extra="", ddp_options="", local_batch_size=None, global_batch_size=None)
     assert scaling.folder_name("CPU (vm, 2 cores)", stamp, plain) == "cpu-vm-2-cores-2026-11-23"
+    strong = argparse.Namespace(**{**vars(plain), "global_batch_size": 16})
+    assert scaling.folder_name("CPU (vm, 2 cores)", stamp, strong) == "cpu-vm-2-cores-2026-11-23-strong-16"
+    strong_args = argparse.Namespace(**{**vars(args), "global_batch_size": 16})
+    local = [[arg for arg in scaling.point_command(scaling.PRESETS["cpu"], strong_args, n, "ddp", "t.h5", "v.h5")
+              if arg.startswith("--local_batch_size=")] for n in (1, 2)]
+    assert local == [["--local_batch_size=16"], ["--local_batch_size=8"]]  # one global batch, split
 
 
 def test_efficiency_and_overhead_from_known_throughputs(tmp_path, capsys):

@@ -289,6 +289,15 @@ def check_ddp_options(options, folder_suffix):
     return check
 
 
+def check_strong_scaling(scratch, output):
+    (path,) = glob.glob(os.path.join(scratch, "benchmarks", "results", "scaling", "*-strong-16-*", "scaling.json"))
+    with open(path) as f:
+        index = json.load(f)
+    assert index["global_batch"] == 16 and all("file" in p for p in index["points"]), index["points"]
+    assert ["--local_batch_size=16" in p["command"] for p in index["points"]] == [True, True, False, False]
+    assert all("--local_batch_size=8" in p["command"] for p in index["points"][2:])
+
+
 def check_png(name):
     def check(scratch, output):
         assert open(os.path.join(scratch, name), "rb").read(4) == b"\x89PNG"
@@ -340,6 +349,8 @@ RUN = {
     # One rank (the scaling test, tests/test_plot_scaling.py, runs two), a narrower model, tiny trials.
     "python -m benchmarks.scaling --preset cpu": Run(
         append="--ranks 1 --nbatches 2 --ntrials 1 --nwarmup 1 --extra=--base_channels=4", check=check_scaling),
+    "python -m benchmarks.scaling --preset cpu --global_batch_size=16": Run(
+        append="--nbatches 2 --ntrials 1 --nwarmup 1 --extra=--base_channels=4", check=check_strong_scaling),
     # Batch 32 needs more than TINY's 16 crops per epoch.
     "python train.py --config=demo_bs32_test": Run(
         append=f"{TINY} --Nsamples=64", check=check_run("demo_bs32_test", global_batch_size=32, lr_scaling="sqrt")),

@@ -12,7 +12,7 @@
   (skipped with a message when Chromium is missing).
 - ``ladder_<results file>.png``: FULL, SYNTHETIC and IO samples/s of every rung of each committed
   benchmark result, ``benchmarks/results/*.json`` (written by ``python -m benchmarks.ladder``).
-- ``scaling_<folder>.png``: weak-scaling throughput and communication overhead of each committed
+- ``scaling_<folder>.png``: weak- or strong-scaling throughput and communication overhead of each committed
   ``benchmarks/results/scaling/<folder>/`` with two sizes or more (written by ``python -m
   benchmarks.scaling``).
 - ``profile_<folder>_<rung>.png``: a timeline of two steps of each committed torch profiler trace,
@@ -216,7 +216,7 @@ def profile_figures(folder, out_dir):
 
 
 def scaling_figures(results, out_dir):
-    """A weak-scaling plot for each folder of ``results``/scaling/ (written by benchmarks.scaling)."""
+    """A scaling plot for each folder of ``results``/scaling/ (written by benchmarks.scaling)."""
     from utils import plot_scaling
 
     written = []
@@ -227,7 +227,7 @@ def scaling_figures(results, out_dir):
             continue
         name = f"scaling_{os.path.basename(folder)}.png"
         plot_scaling.plot(ddp, noddp, "FULL", os.path.join(out_dir, name), index["unit"],
-                          f"weak scaling, local batch {index['local_batch']}: {index['device']}, {index['date'][:10]}")
+                          f"{plot_scaling.batch_description(index)}\n{index['device']}, {index['date'][:10]}")
         written.append((name, folder))
     return written
 

@@ -1,10 +1,12 @@
-"""Weak-scaling plots from the benchmark JSON files of runs on 1, 2, 4, ... GPUs.
+"""Scaling plots from the benchmark JSON files of runs on 1, 2, 4, ... GPUs.
 
     BENCHY_OUTPUT=scaling/ddp_4 sbatch -n 4 ./submit_pm.sh --config=bs64_opt --enable_benchy --num_epochs 15
     BENCHY_OUTPUT=scaling/noddp_4 sbatch -n 4 ./submit_pm.sh --config=bs64_opt --enable_benchy --num_epochs 15 --noddp
     python -m utils.plot_scaling --ddp scaling/ddp_*.json --noddp scaling/noddp_*.json --out scaling.png
 
-Weak scaling keeps the local batch fixed, so N GPUs should do N times the work of one. Two panels:
+Weak scaling keeps the local batch fixed, so N GPUs should do N times the work of one; strong
+scaling keeps the global batch fixed and splits it, so N GPUs should do the same work N times
+faster. Either way the ideal throughput is N times one GPU's, and the plot is the same. Two panels:
 throughput (samples/s of the whole job) against the number of GPUs, with the ideal line N times the
 one-GPU throughput of each series; and the communication overhead, 1 - DDP / noddp throughput at
 each size: the share of the step that gradient communication does not hide. `--noddp` runs skip
@@ -40,15 +42,22 @@ def read_folder(folder, kind="FULL"):
     return index, ddp, noddp
 
 
+def batch_description(index):
+    """How a scaling.json's runs split the batch: weak scaling keeps the local batch, strong the global one."""
+    if index.get("global_batch"):
+        return f"strong scaling: global batch {index['global_batch']}, split over the ranks"
+    return f"weak scaling: local batch {index['local_batch']} per rank"
+
+
 def efficiency(series):
-    """Weak-scaling efficiency: throughput on N over N times the smallest run's throughput per rank."""
+    """Scaling efficiency: throughput on N over N times the smallest run's throughput per rank."""
     smallest = min(series)
     per_rank = series[smallest] / smallest
     return {n: value / (n * per_rank) for n, value in series.items()}
 
 
 def markdown_table(ddp, noddp, unit="GPUs"):
-    """Throughput, weak-scaling efficiency and communication overhead at each size, as a markdown table."""
+    """Throughput, scaling efficiency and communication overhead at each size, as a markdown table."""
     efficient = efficiency(ddp) if len(ddp) > 1 else {}  # one size is its own baseline: nothing to say
     lines = [f"| {unit} | DDP samples/s | efficiency | noddp samples/s | overhead (1 - DDP/noddp) |",
              "|---|---|---|---|---|"]
