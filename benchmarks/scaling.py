@@ -75,7 +75,7 @@ def write_summary(out_dir, index):
     with open(os.path.join(out_dir, "scaling.json"), "w") as f:
         json.dump(index, f, indent=2)
     _, ddp, noddp = plot_scaling.read_folder(out_dir)
-    lines = [f"# Weak scaling on one node: {index['device']}", "",
+    lines = [f"# Scaling on one node: {index['device']}", "",
              f"Made by `{index['command']}` ({index['date']}, torch {index['torch']}). FULL samples/s of the "
              f"whole job, {plot_scaling.batch_description(index)}; each point is the run named beside it, "
              "whose benchy JSON and log are in this folder.", "",
