@@ -1,5 +1,6 @@
-"""What the benchmark tools share: the data set they measure on, the device's name, and running a
-real command with its output kept and a time limit."""
+"""What the benchmark tools share: the data set they measure on, the device's name, an output folder
+that an earlier run's results are not silently lost in, and running a real command with its output
+kept and a time limit."""
 import argparse
 import os
 import re
@@ -8,21 +9,71 @@ import subprocess
 
 import torch
 
+from utils.errors import UserError
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def argument_parser(doc, presets, scratch=None):
-    """The options all the benchmark tools have: --preset and --data_dir; with ``scratch`` (a folder
-    under runs/), also those of the tools that run train.py as separate commands: --work_dir, --timeout."""
+    """The options all the benchmark tools have: --preset, --data_dir and --overwrite; with ``scratch``
+    (a folder under runs/), also those of the tools that run train.py as separate commands: --work_dir,
+    --timeout."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(presets), default="gpu")
     parser.add_argument("--data_dir", default=os.path.join(ROOT, "data", "benchmark"),
                         help="the synthetic data set, made there first if missing")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the results an earlier run left where this one writes (refused without it)")
     if scratch:
         parser.add_argument("--work_dir", default=os.path.join(ROOT, "runs", scratch),
                             help="scratch space for the runs' directories (not kept)")
         parser.add_argument("--timeout", type=int, default=300, help="seconds per run")
     return parser
+
+
+# How each refusal of an output folder that holds results ends.
+KEEP_OR_REPLACE = ("Nothing was run or written. Pass --out_dir=<another folder> to keep them, or --overwrite to "
+                   "replace them.")
+
+
+def claim_folder(out_dir, overwrite, written_here):
+    """Check the output folder before anything is measured or written: one that holds files is
+    refused unless --overwrite. With it, the files there that ``written_here(name)`` says this tool
+    writes are removed first, so that none of an earlier run's can pass for this run's (other files
+    stay). An empty or missing folder is fine; nothing is created here."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UserError(f"--out_dir={relative(out_dir)} is a file, not a folder. Pass --out_dir=<a folder> "
+                        "(a new one, or an empty one).")
+    held = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
+    if held and not overwrite:
+        raise UserError(f"The output folder {relative(out_dir)} already holds files ({listing(held)}): the "
+                        f"results of an earlier run. {KEEP_OR_REPLACE}")
+    remove([os.path.join(out_dir, name) for name in held if written_here(name)])
+
+
+def claim_files(paths, overwrite, earlier="an earlier run"):
+    """Check the output files before anything is measured or written: those that exist are refused
+    unless --overwrite, and removed with it (a log must not go on from the earlier run's)."""
+    held = [path for path in paths if os.path.exists(path)]
+    if held and not overwrite:
+        folder = relative(os.path.dirname(os.path.abspath(held[0])))
+        raise UserError(f"The output folder {folder} already holds {listing([os.path.basename(p) for p in held])}: "
+                        f"the results of {earlier}. {KEEP_OR_REPLACE}")
+    remove(held)
+
+
+def listing(names, shown=3):
+    """The files a message names: "a, b and c", or "a, b, c and 4 more"."""
+    if len(names) > shown:
+        return ", ".join(names[:shown]) + f" and {len(names) - shown} more"
+    return " and ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else names[0]
+
+
+def remove(paths):
+    """Remove the files (or links) among ``paths``; a folder of the same name is left alone."""
+    for path in paths:
+        if os.path.isfile(path) or os.path.islink(path):
+            os.remove(path)
 
 
 def make_data(data_dir, box):

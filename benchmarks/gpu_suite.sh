@@ -15,6 +15,13 @@
 # Each stage stops itself after STAGE_LIMIT seconds (default 540): give two stages in one command
 # under a ten-minute limit STAGE_LIMIT=280. A stage that fails does not stop the next one; the exit
 # status says whether all passed.
+#
+# The stages pass --overwrite (the tools alone refuse to write over results): the profiles stage
+# regenerates sample_nsys_profiles/, which holds the committed profiles once there are any, so it
+# would be refused on every machine after the first without it; the ladder and scaling stages write
+# <device>-<date> files that only a rerun of the stage on the same GPU the same day finds, and such a
+# rerun redoes that day's measurement (its stage log is rewritten too). To keep an earlier run's
+# results, pack them (OUT) before running its stage again.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,11 +54,11 @@ stage_tests() {
 }
 
 stage_ladder() {
-    timeout "$STAGE_LIMIT" "$PYTHON" -m benchmarks.ladder --data_dir "$DATA_DIR"
+    timeout "$STAGE_LIMIT" "$PYTHON" -m benchmarks.ladder --data_dir "$DATA_DIR" --overwrite
 }
 
 stage_profiles() {
-    timeout "$STAGE_LIMIT" "$PYTHON" -m benchmarks.profiles --data_dir "$DATA_DIR" --nsys --timeout 240
+    timeout "$STAGE_LIMIT" "$PYTHON" -m benchmarks.profiles --data_dir "$DATA_DIR" --nsys --timeout 240 --overwrite
 }
 
 stage_scaling() {
@@ -59,7 +66,8 @@ stage_scaling() {
     # 2, 4, ... ranks up to its GPUs, with DDP and with --noddp. On one GPU train.py does not wrap the
     # model in DDP, so the two differ by run-to-run noise only: the baseline multi-GPU overheads are
     # read against.
-    timeout "$STAGE_LIMIT" "$PYTHON" -m benchmarks.scaling --data_dir "$DATA_DIR" --timeout $((STAGE_LIMIT / 2))
+    timeout "$STAGE_LIMIT" "$PYTHON" -m benchmarks.scaling --data_dir "$DATA_DIR" --timeout $((STAGE_LIMIT / 2)) \
+        --overwrite
 }
 
 stages=("$@")

@@ -9,7 +9,9 @@ IO (the loader alone), SYNTHETIC (one cached batch: compute alone) and FULL (rea
 samples/s, with the model FLOP utilisation and the peak GPU memory. The results go to
 ``benchmarks/results/<device>-<date>.json`` (``device``, ``torch``, ``cuda``, ``date``,
 ``command``, ``runs``: a list of ``{name, full, synthetic, io, mfu, peak_mem_gb}``), a markdown table
-beside it, and the raw log. Ratios between rungs are only meaningful within one such file.
+beside it, and the raw log. Ratios between rungs are only meaningful within one such file. A run
+refuses to write over such files already there (the same device, the same day) before it measures
+anything: pass another ``--out_dir``, or ``--overwrite`` to replace them.
 
 The data set is the synthetic one (a 256^3 training box on a GPU), made first if it is missing.
 """
@@ -25,11 +27,12 @@ import sys
 import torch
 
 import train
-from benchmarks.common import ROOT, argument_parser, device_name, device_slug, make_data
+from benchmarks.common import ROOT, argument_parser, claim_files, device_name, device_slug, make_data
 from utils import get_data_loader_distributed
 from utils.YParams import load_params
 from utils.benchmark import precision_of, resolve_peak_flops, run_trials, unet_flops_per_sample
 from utils.distributed import World, parallelize
+from utils.errors import UserError, exit_on_user_error
 from utils.losses import build_loss
 from utils.optim import Precision, build_optimizer
 
@@ -129,6 +132,7 @@ def markdown_table(report):
     return "\n".join(lines) + "\n"
 
 
+@exit_on_user_error
 def main(argv=None):
     parser = argument_parser(__doc__, PRESETS)
     parser.add_argument("--out_dir", default=os.path.join(ROOT, "benchmarks", "results"))
@@ -141,15 +145,18 @@ def main(argv=None):
     preset = PRESETS[args.preset]
     device = torch.device("cuda" if args.preset == "gpu" else "cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("error: the gpu preset needs a CUDA GPU; use --preset cpu on this machine.")
+        raise UserError("The gpu preset needs a CUDA GPU, and PyTorch sees none. Use --preset cpu on this machine.")
     rungs = CPU_RUNGS if args.preset == "cpu" else GPU_RUNGS + (
         DALI_RUNGS if importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali") else [])
     rungs = [rung for rung in rungs if args.only in rung[0]]
 
     name = device_name(device.type == "cuda")
     stamp = datetime.datetime.now(datetime.timezone.utc)
-    os.makedirs(args.out_dir, exist_ok=True)
     base = os.path.join(args.out_dir, f"{device_slug(name)}-{stamp:%Y-%m-%d}")
+    # Before anything is made or measured: the folder is shared, so only this run's three names count.
+    claim_files([base + suffix for suffix in (".json", ".md", ".log")], args.overwrite,
+                earlier="an earlier run on this device today")
+    os.makedirs(args.out_dir, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(message)s",
                         handlers=[logging.StreamHandler(sys.stdout), logging.FileHandler(base + ".log")])
 

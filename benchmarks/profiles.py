@@ -17,6 +17,9 @@ With ``--nsys`` each rung is also run under Nsight Systems (`nsys profile -c cud
 around `--enable_manual_profiling`, the tutorial's own recipe) when an ``nsys`` can be found; a
 ``.nsys-rep`` that it makes is kept, and when none can be made, profiles.json says why. Nothing
 is renamed or made up: every file here comes out of the run it is listed with.
+
+A folder that already holds files (the preset's own folder holds the committed ones) is refused
+before anything runs: pass another ``--out_dir``, or ``--overwrite`` to replace its profiles.
 """
 import collections
 import datetime
@@ -30,8 +33,10 @@ import sys
 
 import torch
 
-from benchmarks.common import ROOT, argument_parser, device_name, make_data, outcome, relative_args, run
+from benchmarks.common import ROOT, argument_parser, claim_folder, device_name, make_data, outcome, relative_args, run
+from utils.errors import UserError, exit_on_user_error
 from utils.profiling import range_name
+
 PHASES = ("step", "data copy in", "forward", "backward", "optimizer")
 
 # (slug, what it shows, script, options): the tutorial's rungs whose profiles it discusses.
@@ -55,6 +60,14 @@ PRESETS = {
     "cpu": {"options": ["--config=demo", "--device=cpu"], "batch": 8, "box": 128,
             "out_dir": os.path.join(ROOT, "example_logs", "cpu_profiles")},
 }
+
+
+def written_here(name):
+    """Whether a file of the output folder is one that this tool writes: --overwrite removes those
+    first, so that an earlier run's trace or report cannot pass for this run's."""
+    slugs = {rung[0] for rung in GPU_RUNGS + CPU_RUNGS}
+    suffixes = (".log", "_nsys.log", ".pt.trace.json.gz", ".nsys-rep", ".qdstrm")
+    return name in ("profiles.json", "README.md") or any(name == slug + suffix for slug in slugs for suffix in suffixes)
 
 
 # ----------------------------------------------------------------------------- reading a trace
@@ -189,8 +202,8 @@ def profile_rung(rung, preset, args, common, work_dir, device):
 README_HEAD = """# {title}
 
 Made by `{command}` ({date}); every file below comes out of the run whose command is listed with it.
-Regenerate the folder with that command; `python -m utils.figures` draws a timeline of each trace into
-`tutorial_images/`.
+Regenerate the folder with that command and `--overwrite` (without it, a folder that holds files is
+refused); `python -m utils.figures` draws a timeline of each trace into `tutorial_images/`.
 
 How to open them:
 - `*.pt.trace.json.gz`: torch profiler traces (Chrome trace JSON, gzipped). Drag one onto
@@ -233,6 +246,7 @@ def write_readme(out_dir, entries, title, command, date):
         f.write("\n".join(lines) + "\n")
 
 
+@exit_on_user_error
 def main(argv=None):
     parser = argument_parser(__doc__, PRESETS, scratch="profiles")
     parser.add_argument("--out_dir", default=None, help="default: the preset's folder")
@@ -244,7 +258,8 @@ def main(argv=None):
     preset = PRESETS[args.preset]
     args.out_dir = args.out_dir or preset["out_dir"]
     if args.preset == "gpu" and not torch.cuda.is_available():
-        sys.exit("error: the gpu preset needs a CUDA GPU; use --preset cpu on this machine.")
+        raise UserError("The gpu preset needs a CUDA GPU, and PyTorch sees none. Use --preset cpu on this machine.")
+    claim_folder(args.out_dir, args.overwrite, written_here)  # before anything is made, removed or run
     rungs = [rung for rung in (GPU_RUNGS if args.preset == "gpu" else CPU_RUNGS) if args.only in rung[0]]
     name = device_name(args.preset == "gpu")
     train_path, val_path = make_data(args.data_dir, preset["box"])

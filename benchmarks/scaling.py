@@ -14,22 +14,26 @@ between the two is what communication costs that the backward pass does not hide
 ``benchmarks/results/scaling/<device>-<date>/``, followed by the options that change what is
 measured (``--local_batch_size``, ``--extra``, ``--ddp_options``) when given: each run's benchy
 JSON (``ddp_N.json``, ``noddp_N.json``) and log, ``scaling.json`` (device, command, date, the
-points) and ``README.md`` (the table, with efficiency and overhead). ``make figures`` plots every
-such folder with ``utils.plot_scaling``. Points on several nodes come from the batch script
+points) and ``README.md`` (the table, with efficiency and overhead). A folder that already holds
+files (a rerun on the same device, the same day, with the same options) is refused before anything
+runs: pass another ``--out_dir``, or ``--overwrite`` to replace its results. ``make figures`` plots
+every such folder with ``utils.plot_scaling``. Points on several nodes come from the batch script
 (README, "Multi-GPU performance"); this measures what one node can show.
 """
 import datetime
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
 
 import torch
 
-from benchmarks.common import (ROOT, argument_parser, device_name, device_slug, make_data, outcome, relative,
-                               relative_args, run)
+from benchmarks.common import (ROOT, argument_parser, claim_folder, device_name, device_slug, make_data, outcome,
+                               relative, relative_args, run)
 from utils import plot_scaling
+from utils.errors import UserError, exit_on_user_error
 
 # The tutorial's weak-scaling settings (bs64_opt, local batch 64) with the GPU-resident loader, which
 # needs no DALI wheel; on a CPU the demo model, one core per rank, so that ranks do not share cores.
@@ -41,6 +45,12 @@ PRESETS = {
 }
 TRIALS = "IO: {{nbatches: {n}, ntrials: {t}, nwarmup: {w}}}\nsynthetic: {{nbatches: {n}, ntrials: {t}, " \
          "nwarmup: {w}}}\nfull: {{nbatches: {n}, ntrials: {t}, nwarmup: {w}}}\n"
+
+
+def written_here(name):
+    """Whether a file of the output folder is one that this tool writes: --overwrite removes those
+    first, so that an earlier run's benchy JSON cannot pass for this run's."""
+    return re.fullmatch(r"(no)?ddp_\d+\.(json|log)|scaling\.json|README\.md|benchy\.yaml", name) is not None
 
 
 def default_ranks(preset):
@@ -88,6 +98,7 @@ def write_summary(out_dir, index):
         f.write("\n".join(lines) + "\n")
 
 
+@exit_on_user_error
 def main(argv=None):
     parser = argument_parser(__doc__, PRESETS, scratch="scaling")
     parser.add_argument("--ranks", type=int, nargs="+", help="the sizes to run (default: 1, 2, 4, ... up to "
@@ -107,7 +118,7 @@ def main(argv=None):
 
     preset = PRESETS[args.preset]
     if args.preset == "gpu" and not torch.cuda.is_available():
-        sys.exit("error: the gpu preset needs a CUDA GPU; use --preset cpu on this machine.")
+        raise UserError("The gpu preset needs a CUDA GPU, and PyTorch sees none. Use --preset cpu on this machine.")
     ranks = args.ranks or default_ranks(args.preset)
     if args.global_batch_size and (args.local_batch_size or any(args.global_batch_size % n for n in ranks)):
         parser.error(f"--global_batch_size={args.global_batch_size} must divide over every size ({ranks}), "
@@ -115,6 +126,7 @@ def main(argv=None):
     name = device_name(args.preset == "gpu")
     stamp = datetime.datetime.now(datetime.timezone.utc)
     out_dir = args.out_dir or os.path.join(ROOT, "benchmarks", "results", "scaling", folder_name(name, stamp, args))
+    claim_folder(out_dir, args.overwrite, written_here)  # before anything is made, removed or run
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "benchy.yaml"), "w") as f:
         f.write(TRIALS.format(n=args.nbatches, t=args.ntrials, w=args.nwarmup))

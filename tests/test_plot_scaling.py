@@ -32,11 +32,13 @@ def test_scaling_benchmark_runs_one_and_two_ranks_and_plots_them(synthetic_data_
     assert (tmp_path / "scaling_cpu-test.png").read_bytes()[:4] == b"\x89PNG"
     plot_scaling.main(["--ddp", *map(str, out.glob("ddp_*.json")), "--out", str(tmp_path / "ddp_only.png")])
     assert "| 2 |" in capsys.readouterr().out and (tmp_path / "ddp_only.png").exists()
-    # Run again into the same folder: the scratch run directories of the last run do not stop it.
+    # Run again into the same folder with --overwrite: the scratch run directories of the last run do not
+    # stop it, and the last run's two-rank points, which this one does not measure, are gone.
     again = scaling.main(["--preset", "cpu", "--ranks", "1", "--nbatches", "2", "--ntrials", "1", "--nwarmup", "1",
                           "--data_dir", str(synthetic_data_dir), "--out_dir", str(out), "--work_dir",
-                          str(tmp_path / "work"), "--extra=--base_channels=4"])
+                          str(tmp_path / "work"), "--extra=--base_channels=4", "--overwrite"])
     assert all("error" not in p for p in again["points"])
+    assert not (out / "ddp_2.json").exists() and (out / "ddp_1.json").exists()
 
 
 def test_a_failed_point_is_recorded_and_the_others_kept(synthetic_data_dir, tmp_path):

@@ -197,12 +197,12 @@ def resolved_config(path):
         return yaml.safe_load(f)
 
 
-def check_generated(side_train, side_valid):
+def check_generated(side_train, side_valid, folder="data"):
     def check(scratch, output):
         for name, side in (("synthetic_train", side_train), ("synthetic_valid", side_valid)):
-            with h5py.File(os.path.join(scratch, "data", f"{name}.h5")) as f:
+            with h5py.File(os.path.join(scratch, folder, f"{name}.h5")) as f:
                 assert f["Nbody"].shape == (4, side, side, side) and f["Hydro"].shape == (5, side, side, side)
-            assert os.path.isfile(os.path.join(scratch, "data", f"{name}_npy", "data.npy"))
+            assert os.path.isfile(os.path.join(scratch, folder, f"{name}_npy", "data.npy"))
     return check
 
 
@@ -212,9 +212,9 @@ def check_npy(scratch, output):
     assert data.shape == (64, 64, 64, 4) and label.shape == (64, 64, 64, 5)  # channel last
 
 
-def check_run(config, devices="1CPU", **expected):
+def check_run(config, devices="1CPU", run_num="00", **expected):
     def check(scratch, output):
-        resolved = resolved_config(run_dir(scratch, config, devices))
+        resolved = resolved_config(run_dir(scratch, config, devices, run_num))
         for key, value in expected.items():
             assert resolved[key] == value, (key, resolved[key])
     return check
@@ -246,11 +246,13 @@ def check_snapshot_message(scratch, output):
     assert "CUDA memory snapshots need a GPU" in output
 
 
-def check_benchy(scratch, output):
-    for kind in ("IO", "SYNTHETIC", "FULL"):
-        assert re.search(rf"BENCHY::SUMMARY::\s*{kind} average trial throughput: [\d.]+ \+/- [\d.]+", output), kind
-    with open(os.path.join(scratch, "runs", "short", "1CPU", "00", "benchy_output.json")) as f:
-        assert json.load(f)["FULL"]["trial_throughput"]
+def check_benchy(config):
+    def check(scratch, output):
+        for kind in ("IO", "SYNTHETIC", "FULL"):
+            assert re.search(rf"BENCHY::SUMMARY::\s*{kind} average trial throughput: [\d.]+ \+/- [\d.]+", output), kind
+        with open(os.path.join(scratch, "runs", config, "1CPU", "00", "benchy_output.json")) as f:
+            assert json.load(f)["FULL"]["trial_throughput"]
+    return check
 
 
 def check_ladder(scratch, output):
@@ -315,14 +317,18 @@ RUN = {
     "make data": Run(data=False, check=check_generated(128, 64)),
     "python -m utils.generate_data --out_dir data": Run(
         data=False, append="--train_size 32 --val_size 16", check=check_generated(32, 16)),
-    # Overwrites the scratch copies (--force); smaller boxes than the README's, to stay quick.
-    "python -m utils.generate_data --train_size 256 --val_size 128 --force": Run(
-        append="--train_size 32 --val_size 16", check=check_generated(32, 16)),
-    "python -m utils.convert_h5_to_npy -i data/synthetic_train.h5 -d Nbody -l Hydro": Run(check=check_npy),
+    # Smaller boxes than the README's, to stay quick.
+    "python -m utils.generate_data --train_size 256 --val_size 128 --out_dir data_large": Run(
+        append="--train_size 32 --val_size 16", check=check_generated(32, 16, folder="data_large")),
+    # Over .npy copies that exist already, as after the generator (hence the README's --force).
+    "python -m utils.convert_h5_to_npy -i data/synthetic_train.h5 -d Nbody -l Hydro --force": Run(
+        before=("python -m utils.convert_h5_to_npy -i data/synthetic_train.h5 -d Nbody -l Hydro",),
+        check=check_npy),
     "python train.py --config=short --num_epochs 4 --num_data_workers 8": Run(
         append=f"{SMALL_MODEL} {TINY}", check=check_run("short", num_data_workers=8)),
-    "python train.py --config=demo --crop_size=64 --full_scale --start_lr=1e-3": Run(
-        append=f"{TINY} --Nsamples=8", check=check_run("demo", crop_size=64, full_scale=True, start_lr=1e-3)),
+    "python train.py --config=demo --crop_size=64 --full_scale --start_lr=1e-3 --num_epochs=1 --run_num=crop64": Run(
+        append=f"{TINY} --Nsamples=8",
+        check=check_run("demo", run_num="crop64", crop_size=64, full_scale=True, start_lr=1e-3)),
     "python train.py --config=demo": Run(
         append=TINY.replace(" --preview_image=false", ""), check=check_preview),
     "python train.py --config=short --num_epochs 4": Run(append=f"{SMALL_MODEL} {TINY}", check=check_run("short")),
@@ -341,7 +347,10 @@ RUN = {
     # benchy ends the run itself when its (tiny) trials are done: the README's 15 epochs stay.
     "python train.py --config=short --num_epochs 15 --enable_benchy": Run(
         append=f"{SMALL_MODEL} {TINY.replace(' --num_epochs=1', '')}",
-        env={"BENCHY_CONFIG_FILE": "{scratch}/benchy.yaml"}, check=check_benchy),
+        env={"BENCHY_CONFIG_FILE": "{scratch}/benchy.yaml"}, check=check_benchy("short")),
+    "python train.py --config=demo --num_epochs 15 --enable_benchy": Run(
+        append=TINY.replace(" --num_epochs=1", ""),
+        env={"BENCHY_CONFIG_FILE": "{scratch}/benchy.yaml"}, check=check_benchy("demo")),
     "python -m benchmarks.ladder --preset cpu": Run(append="--nbatches 2 --ntrials 1 --nwarmup 1", check=check_ladder),
     # One rung, two steps, written into the scratch folder (the default folder, example_logs/, is linked here).
     "python -m benchmarks.profiles --preset cpu": Run(
@@ -367,8 +376,9 @@ RUN = {
     "torchrun --nproc_per_node=2 train.py --config=demo --device=cpu": Run(
         append=TINY, check=check_run("demo", devices="2CPU", world_size=2)),
     "torchrun --standalone --nproc_per_node=2 train.py --config=demo --device=cpu --local_batch_size=8 "
-    "--lr_scaling=sqrt --bucket_cap_mb=100 --disable_broadcast_buffers --ddp_comm_hook=bf16": Run(
-        append=TINY, check=check_run("demo", devices="2CPU", global_batch_size=16, ddp_comm_hook="bf16")),
+    "--lr_scaling=sqrt --warmup_steps=32 --bucket_cap_mb=100 --disable_broadcast_buffers --ddp_comm_hook=bf16": Run(
+        append=TINY, check=check_run("demo", devices="2CPU", global_batch_size=16, warmup_steps=32,
+                                     ddp_comm_hook="bf16")),
     # Its inputs come from the sbatch loop above; here from two real one-rank CPU benchy runs.
     "python -m utils.plot_scaling --ddp scaling/ddp_*.json --noddp scaling/noddp_*.json --out scaling.png": Run(
         before=(benchy_run("ddp_1"), benchy_run("noddp_1", "--noddp")),

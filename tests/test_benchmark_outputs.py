@@ -1,0 +1,155 @@
+"""The benchmark tools (ladder, profiles, scaling) never write over earlier results unasked: a folder
+or files that hold them are refused with one paragraph and exit status 2 before anything is made or
+measured; --overwrite replaces them, removing the earlier run's files first."""
+import datetime
+import hashlib
+import json
+import os
+import re
+
+import pytest
+
+from benchmarks import common, ladder, profiles, scaling
+from conftest import ROOT
+
+TOOLS = {"ladder": ladder, "profiles": profiles, "scaling": scaling}
+
+
+class Measured(Exception):
+    """Raised in place of making the data set: the first step of a run past its output check."""
+
+
+@pytest.fixture
+def no_measuring(monkeypatch):
+    """A tool that gets past its output check stops at the data set instead of measuring anything."""
+    def make_data(data_dir, box):
+        raise Measured(data_dir)
+    for module in TOOLS.values():
+        monkeypatch.setattr(module, "make_data", make_data)
+
+
+def ladder_base():
+    """The name the CPU preset's ladder results get today, here."""
+    stamp = datetime.datetime.now(datetime.timezone.utc)
+    return f"{common.device_slug(common.device_name(False))}-{stamp:%Y-%m-%d}"
+
+
+def snapshot(folder):
+    """Every file under ``folder`` with the hash of its content."""
+    found = {}
+    for directory, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(directory, name)
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, folder)] = hashlib.sha256(f.read()).hexdigest()
+    return found
+
+
+def refused(tool, argv, capsys):
+    """Run the tool's main in this process; returns its stderr, having checked that it was refused."""
+    with pytest.raises(SystemExit) as exit_info:
+        TOOLS[tool].main(argv)
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err
+    assert message.startswith("error: ") and "Traceback" not in message
+    return " ".join(message.split())
+
+
+@pytest.mark.parametrize("tool", sorted(TOOLS))
+def test_a_folder_holding_results_is_refused_before_anything_is_made(tool, tmp_path, capsys, no_measuring):
+    out = tmp_path / "out"
+    out.mkdir()
+    held = f"{ladder_base()}.json" if tool == "ladder" else "README.md"
+    (out / held).write_text("an earlier run's results\n")
+    before = snapshot(tmp_path)
+    argv = ["--preset", "cpu", "--out_dir", str(out), "--data_dir", str(tmp_path / "data")]
+    argv += [] if tool == "ladder" else ["--work_dir", str(tmp_path / "work")]
+
+    message = refused(tool, argv, capsys)
+    earlier = "an earlier run on this device today" if tool == "ladder" else "an earlier run"
+    holds = f"already holds {held}" if tool == "ladder" else f"already holds files ({held})"
+    assert message == (f"error: The output folder {out} {holds}: the results of {earlier}. Nothing was run or "
+                       "written. Pass --out_dir=<another folder> to keep them, or --overwrite to replace them.")
+    assert snapshot(tmp_path) == before and os.listdir(tmp_path) == ["out"], "a refused run writes nothing"
+
+
+def test_profiles_cpu_preset_refuses_the_committed_traces(capsys, tmp_path, no_measuring):
+    """The user's case: the CPU preset's default folder holds the traces the README quotes."""
+    folder = os.path.join(ROOT, "example_logs", "cpu_profiles")
+    if not os.path.isdir(folder) or not os.listdir(folder):
+        pytest.skip("no committed CPU profiles in this checkout")
+    before = snapshot(folder)
+    message = refused("profiles", ["--preset", "cpu", "--data_dir", str(tmp_path / "data"),
+                                   "--work_dir", str(tmp_path / "work")], capsys)
+    assert "The output folder example_logs/cpu_profiles already holds files (" in message
+    assert "--out_dir=<another folder>" in message and "--overwrite" in message
+    assert snapshot(folder) == before and os.listdir(tmp_path) == []
+
+
+def test_ladder_refuses_any_of_its_three_files_but_not_the_shared_folder(tmp_path, capsys, no_measuring):
+    """benchmarks/results holds every device's and day's results: only this run's names count."""
+    (tmp_path / "other-device-2020-01-01.json").write_text("{}")
+    argv = ["--preset", "cpu", "--out_dir", str(tmp_path), "--data_dir", str(tmp_path / "data")]
+    with pytest.raises(Measured):
+        ladder.main(argv)
+    (tmp_path / f"{ladder_base()}.log").write_text("an earlier log\n")
+    assert f"already holds {ladder_base()}.log:" in refused("ladder", argv, capsys)
+
+
+def test_a_file_for_an_output_folder_is_refused(tmp_path, capsys, no_measuring):
+    (tmp_path / "out").write_text("not a folder")
+    message = refused("scaling", ["--preset", "cpu", "--ranks", "1", "--out_dir", str(tmp_path / "out"),
+                                  "--work_dir", str(tmp_path / "work")], capsys)
+    assert f"--out_dir={tmp_path / 'out'} is a file, not a folder" in message
+    assert os.listdir(tmp_path) == ["out"]
+
+
+def test_overwrite_removes_the_earlier_runs_files_and_keeps_the_others(tmp_path, no_measuring):
+    """--overwrite goes past the check; scaling then writes its trial settings and makes the data."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("ddp_1.json", "noddp_16.log", "scaling.json", "README.md", "notes.txt"):
+        (out / name).write_text("earlier\n")
+    with pytest.raises(Measured):
+        scaling.main(["--preset", "cpu", "--ranks", "1", "--out_dir", str(out), "--work_dir", str(tmp_path / "work"),
+                      "--overwrite"])
+    assert sorted(os.listdir(out)) == ["benchy.yaml", "notes.txt"]
+
+
+def test_which_files_each_tool_counts_as_its_own():
+    assert all(profiles.written_here(name) for name in (
+        "profiles.json", "README.md", "baseline.log", "gpu_inmem.pt.trace.json.gz", "gpu_inmem_bf16_graph.nsys-rep",
+        "baseline_nsys.log", "baseline.qdstrm"))
+    assert not any(profiles.written_here(name) for name in ("notes.log", "baseline.txt", "trace.json"))
+    assert all(scaling.written_here(name) for name in ("ddp_1.json", "noddp_8.log", "scaling.json", "benchy.yaml"))
+    assert not any(scaling.written_here(name) for name in ("ddp_x.json", "ddp_1.png", "scaling.png"))
+
+
+def test_an_empty_folder_is_used_and_overwrite_replaces_the_results(tmp_path, synthetic_data_dir):
+    """Without rungs to run (--only matches none) the tools still check, clean and write their index."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert profiles.main(["--preset", "cpu", "--only", "no such rung", "--out_dir", str(empty), "--data_dir",
+                          str(synthetic_data_dir), "--work_dir", str(tmp_path / "work")]) == []
+
+    out = tmp_path / "ladder"
+    out.mkdir()
+    base = out / ladder_base()
+    for suffix in (".json", ".md", ".log"):
+        base.with_suffix(suffix).write_text("earlier\n")
+    ladder.main(["--preset", "cpu", "--only", "no such rung", "--out_dir", str(out), "--data_dir",
+                 str(synthetic_data_dir), "--overwrite"])
+    report = json.loads(base.with_suffix(".json").read_text())
+    assert report["runs"] == [] and report["command"].endswith("--overwrite")
+    assert "| rung |" in base.with_suffix(".md").read_text()
+    log = base.with_suffix(".log")
+    assert not log.exists() or "earlier" not in log.read_text()  # a new log, not the old one continued
+
+
+def test_the_gpu_suite_reruns_its_stages_over_their_own_results():
+    """gpu_suite.sh regenerates sample_nsys_profiles/ and that day's ladder and scaling results."""
+    with open(os.path.join(ROOT, "benchmarks", "gpu_suite.sh")) as f:
+        script = f.read().replace("\\\n", " ")
+    commands = re.findall(r"^ +timeout .* -m benchmarks\.(\w+)(.*)$", script, flags=re.M)  # the stages' commands
+    assert sorted(tool for tool, _ in commands) == ["ladder", "profiles", "scaling"]
+    assert all("--overwrite" in options.split() for _, options in commands), commands
