@@ -147,6 +147,8 @@ def train_step(model, optimizer, loss_fn, precision, inputs, targets):
 
     The ``annotate`` ranges cost nothing unless profiling is on (--enable_manual_profiling,
     --profiler=torch); then they name the phases in the Nsight or torch profiler timeline.
+    The loss is cloned because the epoch keeps it: under torch.compile's CUDA graphs
+    (--compile_mode=reduce-overhead or max-autotune) the next step overwrites the graph's outputs.
     """
     with annotate("forward"), precision.autocast():
         loss = loss_fn(model(inputs), targets)
@@ -156,7 +158,7 @@ def train_step(model, optimizer, loss_fn, precision, inputs, targets):
     with annotate("optimizer"):
         precision.scaler.step(optimizer)
         precision.scaler.update()
-    return loss.detach()
+    return loss.detach().clone()
 
 
 def train_one_epoch(step_fn, loader, optimizer, schedule, position, move, stop, profiling):
@@ -201,8 +203,8 @@ def validate(model, loader, loss_fn, precision, move, world, metrics=None):
         if metrics is not None:
             metrics.update(predictions, targets)
         count += len(inputs)
-        if sample is None:
-            sample = {"input": inputs[0], "target": targets[0], "prediction": predictions[0]}
+        if sample is None:  # copies: the next batch may reuse these buffers (compiled CUDA graphs)
+            sample = {"input": inputs[0].clone(), "target": targets[0].clone(), "prediction": predictions[0].clone()}
     model.train()
     mean = all_reduce_mean(torch.stack(totals).sum() / count, world).item()  # waits for the device
     return mean, {name: tensor.float().cpu().numpy() for name, tensor in sample.items()}
@@ -233,8 +235,8 @@ def main(argv=None, make_step=None, graph_capture=False):
     default_profile_window(params, "train_graph.py" if graph_capture else "train.py")
     world = read_world()
     check_sizes(options, params, world)
-    check_parallel_options(params, world, graph_capture)
     device = pick_device(params, world)
+    check_parallel_options(params, world, device, graph_capture)
     init_process_group(world, device, params)
     config_logger(world.is_main)
     torch.manual_seed(params.seed)

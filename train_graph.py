@@ -23,6 +23,11 @@ from utils.errors import UserError, exit_on_user_error
 
 def make_graph_step(model, optimizer, loss_fn, precision, params):
     """A step function that warms up eagerly, then captures itself and replays the graph."""
+    if params.jit_mode == "compile" and params.compile_mode != "default":
+        raise UserError(f"--compile_mode={params.compile_mode} makes torch.compile record CUDA graphs of its own, "
+                        "and train_graph.py captures the whole step in one graph already: one cannot be "
+                        "recorded inside the other. Use --compile_mode=default with train_graph.py, or "
+                        f"--compile_mode={params.compile_mode} with train.py.")
     device = next(model.parameters()).device
     if device.type != "cuda":
         raise UserError("train_graph.py captures the training step in a CUDA graph and needs a CUDA device "

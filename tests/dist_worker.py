@@ -168,7 +168,7 @@ def main(scenario, out_dir):
     torch.set_num_threads(1)  # two ranks share the test machine's cores
     world = distributed.read_world()
     params = make_params(dist_timeout_s=int(os.environ.get("TEST_DIST_TIMEOUT_S", 60)))
-    distributed.check_parallel_options(params, world)
+    distributed.check_parallel_options(params, world, torch.device("cpu"))
     distributed.init_process_group(world, torch.device("cpu"), params)
     if scenario == "variants":
         run_variants(world, out_dir)

@@ -6,6 +6,7 @@ import torch
 
 from utils.YParams import YParams
 from utils.checkpoint import load_checkpoint, save_checkpoint
+from utils.optim import build_optimizer
 from utils.distributed import bare_model
 
 
@@ -76,3 +77,20 @@ def test_unwrap_removes_ddp_and_compile_wrappers():
 
     assert bare_model(Wrapper("module", Wrapper("_orig_mod", inner))) is inner
     assert bare_model(inner) is inner
+
+
+def test_the_resuming_run_keeps_its_own_optimiser_implementation(tmp_path):
+    """A train.py checkpoint (plain Adam) resumed by train_graph.py (capturable fused Adam): the
+    saved param groups must not switch the flags the CUDA graph capture needs back off."""
+    params = YParams("config/UNet.yaml", "test")
+    model, optimizer, scaler = make_states(0)
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, model, optimizer, scaler, {"epoch": 1, "step": 4, "batch_in_epoch": 0}, params)
+
+    resumed = build_optimizer(params, model, capturable=True)
+    load_checkpoint(path, model, resumed, scaler)
+    group = resumed.param_groups[0]
+    assert group["capturable"] is True and group["fused"] is True
+    assert float(group["lr"]) == pytest.approx(optimizer.param_groups[0]["lr"])
+    state, saved = resumed.state_dict()["state"][0], optimizer.state_dict()["state"][0]
+    torch.testing.assert_close(state["exp_avg"], saved["exp_avg"])

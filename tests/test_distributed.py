@@ -23,6 +23,8 @@ from utils import distributed
 from utils.distributed import World
 from utils.errors import UserError
 
+CPU, GPU = torch.device("cpu"), torch.device("cuda")  # the device the ranks would train on (none is used)
+
 WORKER = os.path.join(ROOT, "tests", "dist_worker.py")
 EXACT_DDP = ["ddp", "ddp_bucket_view", "ddp_static"]
 
@@ -159,8 +161,9 @@ def test_noddp_ranks_train_apart(runs):
 
 # ----------------------------------------------------------------------------- FSDP
 
-requires_fully_shard = pytest.mark.skipif(distributed.import_fully_shard() is None,
-                                          reason=f"torch {torch.__version__} has no fully_shard")
+requires_fully_shard = pytest.mark.skipif(
+    distributed.import_fully_shard() is None or distributed.torch_release() < (2, 9),
+    reason=f"FSDP on CPU processes needs torch 2.9 (this is {torch.__version__}); train.py refuses it")
 
 
 @requires_fully_shard
@@ -309,12 +312,12 @@ def test_port_in_use(monkeypatch):
 def test_contradictory_options_refused(overrides, fragment):
     for world in (World(), World(2, 1, 1)):
         with pytest.raises(UserError, match=fragment):
-            distributed.check_parallel_options(dist_worker.make_params(**overrides), world)
+            distributed.check_parallel_options(dist_worker.make_params(**overrides), world, CPU)
 
 
 def test_fsdp_refused_in_a_cuda_graph():
     with pytest.raises(UserError, match="captured CUDA graph"):
-        distributed.check_parallel_options(dist_worker.make_params(parallel="fsdp"), World(2, 0, 0),
+        distributed.check_parallel_options(dist_worker.make_params(parallel="fsdp"), World(2, 0, 0), GPU,
                                            graph_capture=True)
 
 
@@ -322,18 +325,32 @@ def test_fsdp_refuses_channels_last_weights():
     """fully_shard raises NotImplementedError on non-contiguous parameters; the user gets the reason."""
     params = dist_worker.make_params(parallel="fsdp", channels_last=True)
     with pytest.raises(UserError, match="Drop --channels_last"):
-        distributed.check_parallel_options(params, World(2, 0, 0))
-    distributed.check_parallel_options(params, World())  # one rank shards nothing
+        distributed.check_parallel_options(params, World(2, 0, 0), GPU)
+    distributed.check_parallel_options(params, World(), GPU)  # one rank shards nothing
 
 
 def test_ddp_in_a_cuda_graph_needs_eleven_warm_up_steps():
     world = World(2, 0, 0)
     with pytest.raises(UserError, match="--graph_warmup_steps=11 or more"):
-        distributed.check_parallel_options(dist_worker.make_params(graph_warmup_steps=10), world, graph_capture=True)
-    distributed.check_parallel_options(dist_worker.make_params(graph_warmup_steps=11), world, graph_capture=True)
-    distributed.check_parallel_options(dist_worker.make_params(graph_warmup_steps=3), World(), graph_capture=True)
+        distributed.check_parallel_options(dist_worker.make_params(graph_warmup_steps=10), world, GPU,
+                                           graph_capture=True)
+    distributed.check_parallel_options(dist_worker.make_params(graph_warmup_steps=11), world, GPU, graph_capture=True)
+    distributed.check_parallel_options(dist_worker.make_params(graph_warmup_steps=3), World(), GPU, graph_capture=True)
 
 
 def test_sensible_options_accepted():
     for overrides in ({}, {"parallel": "fsdp"}, {"noddp": True}, {"ddp_comm_hook": "bf16", "static_graph": True}):
-        distributed.check_parallel_options(dist_worker.make_params(**overrides), World(2, 0, 0))
+        distributed.check_parallel_options(dist_worker.make_params(**overrides), World(2, 0, 0), GPU)
+
+
+@pytest.mark.parametrize("release, refused", [((2, 8), True), ((2, 9), False)])
+def test_fsdp_on_cpu_processes_needs_torch_2_9(monkeypatch, release, refused):
+    monkeypatch.setattr(distributed, "torch_release", lambda: release)
+    params = dist_worker.make_params(parallel="fsdp")
+    distributed.check_parallel_options(params, World(2, 0, 0), GPU)  # NCCL's fully_shard: no such limit
+    distributed.check_parallel_options(params, World(), CPU)  # one rank shards nothing
+    if refused:
+        with pytest.raises(UserError, match="needs PyTorch 2.9 or newer"):
+            distributed.check_parallel_options(params, World(2, 0, 0), CPU)
+    else:
+        distributed.check_parallel_options(params, World(2, 0, 0), CPU)

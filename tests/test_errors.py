@@ -136,6 +136,16 @@ def test_refused_at_the_last_set_up_step_writes_nothing(data_files, tmp_path, ca
     assert "Configuration" in (expdir / "test" / "1CPU" / "00" / "out.log").read_text()  # the early lines too
 
 
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_train_graph_refuses_compile_modes_that_record_their_own_graphs(data_files, tmp_path, capsys, mode):
+    import train_graph
+
+    expdir = tmp_path / "runs"
+    assert_refused(args(data_files, expdir, "--jit_mode=compile", f"--compile_mode={mode}"), capsys, expdir,
+                   f"--compile_mode={mode} makes torch.compile record CUDA graphs", "Use --compile_mode=default",
+                   make_step=train_graph.make_graph_step, graph_capture=True)
+
+
 @pytest.mark.parametrize("loader", ["inmem", "gpu-inmem"])
 def test_volume_larger_than_memory(data_files, tmp_path, capsys, monkeypatch, loader):
     # The real training file is 1024^3 x 9 channels (38.7 GB): on a machine with less free memory the

@@ -54,7 +54,7 @@ def load_checkpoint(path, model, optimizer, scaler):
     """Restore the states saved by :func:`save_checkpoint`; return the saved position."""
     payload = torch.load(path, map_location="cpu", weights_only=True)
     learning_rates = [group["lr"] for group in optimizer.param_groups]
-    load_full_state_dicts(model, optimizer, payload["model"], payload["optimizer"])
+    load_full_state_dicts(model, optimizer, payload["model"], with_implementation(payload["optimizer"], optimizer))
     for group, lr in zip(optimizer.param_groups, learning_rates):
         if torch.is_tensor(lr):  # a capturable optimiser's LR: keep the device tensor a CUDA graph reads
             lr.fill_(float(group["lr"]))
@@ -65,6 +65,23 @@ def load_checkpoint(path, model, optimizer, scaler):
     if payload["rng"]["cuda"] is not None and device.type == "cuda":
         torch.cuda.set_rng_state(payload["rng"]["cuda"], device)
     return payload["position"]
+
+
+# How the optimiser computes its update, which this run chooses, not the checkpoint.
+IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable", "differentiable")
+
+
+def with_implementation(optimizer_state, optimizer):
+    """The saved optimiser state with ``optimizer``'s own implementation flags in its param groups.
+
+    ``load_state_dict`` replaces each param group whole, flags included: without this, resuming a
+    train.py checkpoint with train_graph.py would lose the capturable Adam the CUDA graph needs,
+    and a run resumed with --enable_fused would silently go on unfused. Loading with this run's
+    flags also puts Adam's step counts where a capturable or fused Adam keeps them.
+    """
+    groups = [{**saved, **{flag: live[flag] for flag in IMPLEMENTATION_FLAGS if flag in live}}
+              for saved, live in zip(optimizer_state["param_groups"], optimizer.param_groups)]
+    return {**optimizer_state, "param_groups": groups}
 
 
 class StopSignals:

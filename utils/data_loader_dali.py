@@ -234,8 +234,10 @@ class DaliCropLoader:
         """A DALI pipeline whose first batch is the one at ``position``."""
         fn, types, Pipeline = import_dali()
         size = self.dataset.crop_size
+        # exec_dynamic: every batch's outputs are new buffers, alive while a tensor refers to them,
+        # so the zero-copy torch tensors stay valid after the next run() (see run_pipeline).
         pipeline = Pipeline(batch_size=self.batch_size, num_threads=self.num_threads,
-                            device_id=self.device_id, seed=self.seed)
+                            device_id=self.device_id, seed=self.seed, exec_dynamic=True)
         with pipeline:
             columns = fn.external_source(source=CropStream(self, position), num_outputs=1 + len(self.tables),
                                          batch=True)
@@ -259,7 +261,11 @@ class DaliCropLoader:
         return pipeline
 
     def run_pipeline(self):
-        """One batch as torch tensors: zero-copy through DLPack, on the GPU bound to torch's stream."""
+        """One batch as torch tensors: zero-copy through DLPack, on the GPU bound to torch's stream.
+
+        With DALI's dynamic executor the tensors keep their buffers: a whole epoch's batches can be
+        held and stay intact (the tests compare them with the native loader's after the epoch).
+        """
         if self.device_id is None:
             return [torch.from_dlpack(output.as_tensor()) for output in self._pipeline.run()]
         # No host synchronisation: the outputs are ordered on torch's current stream of the device.

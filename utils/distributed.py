@@ -75,11 +75,11 @@ def read_world():
 DDP_GRAPH_WARMUP = 11
 
 
-def check_parallel_options(params, world, graph_capture=False):
+def check_parallel_options(params, world, device, graph_capture=False):
     """Refuse combinations of the distributed options that cannot work, before any rank trains.
 
-    Called on every rank with the same options, so every rank refuses the same way.
-    ``graph_capture``: the step is captured in a CUDA graph (train_graph.py).
+    Called on every rank with the same options, so every rank refuses the same way. ``device``: the
+    device the ranks train on; ``graph_capture``: the step is captured in a CUDA graph (train_graph.py).
     """
     if params.parallel == "fsdp" and params.noddp:
         raise UserError("--parallel=fsdp cannot be combined with --noddp: FSDP needs communication to "
@@ -111,6 +111,13 @@ def check_parallel_options(params, world, graph_capture=False):
         raise UserError("--parallel=fsdp cannot shard channels_last weights: FSDP splits each parameter as "
                         "one contiguous block, and channels_last_3d convolution weights are not contiguous. "
                         "Drop --channels_last, or train with --parallel=ddp.")
+    if params.parallel == "fsdp" and world.size > 1 and device.type == "cpu" and torch_release() < (2, 9):
+        # Measured on CPU: fully_shard makes CUDA streams in torch 2.4 to 2.6, and in 2.7 and 2.8 it sums
+        # the ranks' gradients over gloo instead of averaging them (tests/test_distributed.py catches both).
+        raise UserError(f"--parallel=fsdp on CPU processes needs PyTorch 2.9 or newer (this is "
+                        f"{torch.__version__}): older versions of fully_shard need CUDA or, over gloo, add up "
+                        "the ranks' gradients instead of averaging them. Use --parallel=ddp on CPUs, or "
+                        "install a newer PyTorch.")
     if params.parallel == "fsdp" and world.size > 1 and import_fully_shard() is None:
         raise UserError(f"--parallel=fsdp needs torch.distributed's fully_shard, which this PyTorch "
                         f"({torch.__version__}) does not provide. Install PyTorch 2.4 or newer, or train "
@@ -165,12 +172,14 @@ def init_process_group(world, device, params=None):
     try:
         dist.init_process_group(backend, rank=world.rank, world_size=world.size,
                                 timeout=datetime.timedelta(seconds=_timeout_s))
-    except dist.DistError as error:
+    except RuntimeError as error:  # a DistError; for a taken port torch 2.4 and 2.5 raise a plain RuntimeError
         detail = first_line(error)
         if "EADDRINUSE" in str(error) or "address already in use" in str(error).lower():
             raise UserError(f"Rank 0 cannot listen on MASTER_PORT={os.environ['MASTER_PORT']}: another "
                             "program (perhaps an earlier run that is still alive) uses that port. Choose "
                             "another port, e.g. torchrun --master_port=29501, or end the old run.") from None
+        if not isinstance(error, dist.DistError):
+            raise
         raise UserError(f"Rank {world.rank} of {world.size} could not meet the other ranks at {address} "
                         f"within dist_timeout_s={_timeout_s} s ({detail}). Check that every rank "
                         "was started with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT, that "
