@@ -102,9 +102,9 @@ class StopSignals:
             signal.signal(signum, self._handle)
 
     def _handle(self, signum, frame):
-        if self.received is None:
+        first, self.received = self.received is None, self.received or signum  # the first signal decides
+        if first:
             logging.info("Received %s: stopping after this step with a checkpoint.", signal.Signals(signum).name)
-        self.received = signum
 
     def agreed(self):
         """Whether any rank received a stop signal (on one rank: whether this one did, no communication)."""

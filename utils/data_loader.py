@@ -14,8 +14,15 @@ Reproducibility: which crop and which symmetry element a sample gets is a pure f
 ranks and workers draw different crops, a run is the same for any number of workers, and a
 resumed run sees exactly the crops the interrupted one would have seen. Validation uses the
 same crops at every pass (epoch key 0, no augmentation), so its losses compare across epochs.
+
+Signals: the worker processes leave SIGTERM and SIGUSR1 to the main process, even when the batch
+system sends them to every process of the job (:class:`ShieldedDataLoader`).
 """
+import functools
 import os
+import signal
+import threading
+from multiprocessing import resource_tracker
 
 import h5py
 import numpy as np
@@ -23,6 +30,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from utils import symmetry
+from utils.checkpoint import StopSignals
 from utils.errors import UserError
 
 TRAIN_SPLIT, VALID_SPLIT = 0, 1
@@ -204,6 +212,61 @@ def build_dataset(params, path, num_samples, split, augment):
     return dataset_class(params, path, num_samples, split, box_side, augment)
 
 
+# Linux has sigwaitinfo, macOS not: there the workers stay as torch makes them.
+CAN_SHIELD = hasattr(signal, "sigwaitinfo")
+
+
+class ShieldedDataLoader(DataLoader):
+    """A DataLoader whose worker processes leave SIGTERM and SIGUSR1 to the main process.
+
+    Slurm (at the time limit, on scancel), ``timeout`` and ``kill -- -PGID`` signal every process
+    of the job, loader workers included. A worker ended by that SIGTERM makes the main process fail
+    with "DataLoader worker ... is killed by signal" before it can save a checkpoint, and a forked
+    worker logs the main process's "Received SIGUSR1" again. Shielded, the workers let the main
+    process alone stop (:class:`~utils.checkpoint.StopSignals`), and it ends them as usual.
+
+    Blocked, not ignored: one SIGTERM must still end a worker, the main process's own (that is how
+    it ends its workers at exit), and only ``sigwaitinfo`` tells who sent a signal. The workers
+    start with both signals blocked (the mask passes through fork, spawn and forkserver alike, and
+    on to every thread a worker starts, numpy's included), so none reaches a worker before it is
+    ready, nor a thread that would die of it; then :func:`take_stop_signals` takes them.
+    """
+
+    def __init__(self, *args, **kwargs):
+        # The main process's pid travels with the function: under forkserver it is not the parent.
+        take = functools.partial(take_stop_signals, os.getpid()) if CAN_SHIELD else None
+        super().__init__(*args, worker_init_fn=take, **kwargs)
+
+    def __iter__(self):  # starts the workers (once, with persistent workers): not the hot loop
+        if not CAN_SHIELD:
+            return super().__iter__()
+        context = self.multiprocessing_context or torch.multiprocessing
+        if self.num_workers and context.get_start_method() != "fork":
+            resource_tracker.ensure_running()  # when it starts, it unblocks SIGTERM: not in the window below
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, StopSignals.SIGNALS)
+        try:
+            return super().__iter__()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def take_stop_signals(main_process, worker_id):
+    """``worker_init_fn``: a thread takes the worker's stop signals; a SIGTERM from ``main_process`` ends it.
+
+    torch calls this after setting its own worker signal handlers, which then never run: with the
+    signals blocked in every thread, the one waiting here is the only one that receives them.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, StopSignals.SIGNALS)  # already so, if started by the loader
+
+    def take():
+        while True:
+            sent = signal.sigwaitinfo(StopSignals.SIGNALS)
+            if sent.si_signo == signal.SIGTERM and sent.si_pid == main_process:
+                os._exit(0)  # as torch's own handler does: a worker ended on purpose, not a failure
+
+    threading.Thread(target=take, name="stop_signals", daemon=True).start()
+
+
 def get_data_loaders(params, world_rank, world_size, pin_memory):
     """Training and validation loaders yielding ``(input, target)`` of shape (B, 4|5, S, S, S)."""
     local_batch_size = params.global_batch_size // world_size
@@ -214,7 +277,7 @@ def get_data_loaders(params, world_rank, world_size, pin_memory):
         is_train = split == TRAIN_SPLIT
         dataset = build_dataset(params, path, num_samples, split, augment=is_train)
         sampler = CropSampler(num_samples, world_size, world_rank, fixed_epoch=None if is_train else 0)
-        loaders.append(DataLoader(
+        loaders.append(ShieldedDataLoader(
             dataset,
             batch_size=local_batch_size,
             sampler=sampler,
