@@ -52,3 +52,14 @@ def run_train(args, cwd=ROOT, timeout=300, env=None, check=True):
         raise AssertionError(f"train.py {' '.join(args)} failed ({result.returncode}):\n"
                              f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result
+
+
+def snapshot(directory):
+    """Every file under ``directory`` with its content and mtime, to prove that nothing changed."""
+    files = {}
+    for parent, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(parent, name)
+            with open(path, "rb") as f:
+                files[os.path.relpath(path, directory)] = (f.read(), os.stat(path).st_mtime_ns)
+    return files

@@ -2,7 +2,6 @@
 or files that hold them are refused with one paragraph and exit status 2 before anything is made or
 measured; --overwrite replaces them, removing the earlier run's files first."""
 import datetime
-import hashlib
 import json
 import os
 import re
@@ -10,7 +9,7 @@ import re
 import pytest
 
 from benchmarks import common, ladder, profiles, scaling
-from conftest import ROOT
+from conftest import ROOT, snapshot
 
 TOOLS = {"ladder": ladder, "profiles": profiles, "scaling": scaling}
 
@@ -34,15 +33,6 @@ def ladder_base():
     return f"{common.device_slug(common.device_name(False))}-{stamp:%Y-%m-%d}"
 
 
-def snapshot(folder):
-    """Every file under ``folder`` with the hash of its content."""
-    found = {}
-    for directory, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(directory, name)
-            with open(path, "rb") as f:
-                found[os.path.relpath(path, folder)] = hashlib.sha256(f.read()).hexdigest()
-    return found
 
 
 def refused(tool, argv, capsys):

@@ -14,6 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
+from conftest import snapshot
 from utils import convert_h5_to_npy, generate_data
 from utils.generate_data import gaussian_smooth, generate_box
 
@@ -30,15 +31,6 @@ def run_main(main, argv):
     return 0
 
 
-def snapshot(directory):
-    """Every file under ``directory`` with its content and mtime, to prove that nothing changed."""
-    files = {}
-    for parent, _, names in os.walk(directory):
-        for name in names:
-            path = os.path.join(parent, name)
-            with open(path, "rb") as f:
-                files[os.path.relpath(path, directory)] = (f.read(), os.stat(path).st_mtime_ns)
-    return files
 
 
 def squeezed(text):
