@@ -31,6 +31,12 @@ def argument_parser(doc, presets, scratch=None):
     return parser
 
 
+def check_preset(preset):
+    """The gpu preset measures a GPU: refused where PyTorch sees none."""
+    if preset == "gpu" and not torch.cuda.is_available():
+        raise UserError("The gpu preset needs a CUDA GPU, and PyTorch sees none. Use --preset cpu on this machine.")
+
+
 # How each refusal of an output folder that holds results ends.
 KEEP_OR_REPLACE = ("Nothing was run or written. Pass --out_dir=<another folder> to keep them, or --overwrite to "
                    "replace them.")

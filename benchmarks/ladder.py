@@ -27,12 +27,13 @@ import sys
 import torch
 
 import train
-from benchmarks.common import ROOT, argument_parser, claim_files, device_name, device_slug, make_data
+from benchmarks.common import (ROOT, argument_parser, check_preset, claim_files, device_name, device_slug,
+                               make_data)
 from utils import get_data_loader_distributed
 from utils.YParams import load_params
 from utils.benchmark import precision_of, resolve_peak_flops, run_trials, unet_flops_per_sample
 from utils.distributed import World, parallelize
-from utils.errors import UserError, exit_on_user_error
+from utils.errors import exit_on_user_error
 from utils.losses import build_loss
 from utils.optim import Precision, build_optimizer
 
@@ -144,8 +145,7 @@ def main(argv=None):
 
     preset = PRESETS[args.preset]
     device = torch.device("cuda" if args.preset == "gpu" else "cpu")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("The gpu preset needs a CUDA GPU, and PyTorch sees none. Use --preset cpu on this machine.")
+    check_preset(args.preset)
     rungs = CPU_RUNGS if args.preset == "cpu" else GPU_RUNGS + (
         DALI_RUNGS if importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali") else [])
     rungs = [rung for rung in rungs if args.only in rung[0]]

@@ -33,8 +33,9 @@ import sys
 
 import torch
 
-from benchmarks.common import ROOT, argument_parser, claim_folder, device_name, make_data, outcome, relative_args, run
-from utils.errors import UserError, exit_on_user_error
+from benchmarks.common import (ROOT, argument_parser, check_preset, claim_folder, device_name, make_data, outcome,
+                               relative_args, run)
+from utils.errors import exit_on_user_error
 from utils.profiling import range_name
 
 PHASES = ("step", "data copy in", "forward", "backward", "optimizer")
@@ -257,8 +258,7 @@ def main(argv=None):
 
     preset = PRESETS[args.preset]
     args.out_dir = args.out_dir or preset["out_dir"]
-    if args.preset == "gpu" and not torch.cuda.is_available():
-        raise UserError("The gpu preset needs a CUDA GPU, and PyTorch sees none. Use --preset cpu on this machine.")
+    check_preset(args.preset)
     claim_folder(args.out_dir, args.overwrite, written_here)  # before anything is made, removed or run
     rungs = [rung for rung in (GPU_RUNGS if args.preset == "gpu" else CPU_RUNGS) if args.only in rung[0]]
     name = device_name(args.preset == "gpu")

@@ -30,10 +30,10 @@ import sys
 
 import torch
 
-from benchmarks.common import (ROOT, argument_parser, claim_folder, device_name, device_slug, make_data, outcome,
-                               relative, relative_args, run)
+from benchmarks.common import (ROOT, argument_parser, check_preset, claim_folder, device_name, device_slug, make_data,
+                               outcome, relative, relative_args, run)
 from utils import plot_scaling
-from utils.errors import UserError, exit_on_user_error
+from utils.errors import exit_on_user_error
 
 # The tutorial's weak-scaling settings (bs64_opt, local batch 64) with the GPU-resident loader, which
 # needs no DALI wheel; on a CPU the demo model, one core per rank, so that ranks do not share cores.
@@ -117,8 +117,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     preset = PRESETS[args.preset]
-    if args.preset == "gpu" and not torch.cuda.is_available():
-        raise UserError("The gpu preset needs a CUDA GPU, and PyTorch sees none. Use --preset cpu on this machine.")
+    check_preset(args.preset)
     ranks = args.ranks or default_ranks(args.preset)
     if args.global_batch_size and (args.local_batch_size or any(args.global_batch_size % n for n in ranks)):
         parser.error(f"--global_batch_size={args.global_batch_size} must divide over every size ({ranks}), "
