@@ -1,6 +1,7 @@
 """The 3D U-Net that maps N-body fields (4 channels) to hydrodynamic fields (5 channels).
 
-Encoder: blocks of Conv3d(kernel 4, stride 2, padding 1) + LeakyReLU, each halving the cube side.
+Encoder: blocks of Conv3d(kernel 4, stride 2, padding 1) + LeakyReLU (PyTorch's default negative
+slope, 0.01, as in the original), each halving the cube side.
 Decoder: blocks of ConvTranspose3d(kernel 4, stride 2, padding 1) + ReLU, each doubling it and
 followed by concatenation with the encoder output of the same scale (the skip connection).
 A final ConvTranspose3d to the output channels and a tanh, because the targets are scaled to (-1, 1).
@@ -16,7 +17,7 @@ from torch import nn
 def down_block(in_channels, out_channels):
     return nn.Sequential(
         nn.Conv3d(in_channels, out_channels, kernel_size=4, stride=2, padding=1),
-        nn.LeakyReLU(0.2, inplace=True),
+        nn.LeakyReLU(inplace=True),  # negative slope 0.01, the original's
     )
 
 

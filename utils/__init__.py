@@ -38,17 +38,21 @@ def get_data_loader_distributed(params, world_rank, device_id=None):
 
 
 def lr_schedule(step, total_steps, params):
-    """The learning rate at optimiser step ``step`` (0-based): scaled, warmed up, cosine-decayed.
+    """The learning rate for optimiser step ``step`` (0-based): the original tutorial's schedule.
 
     When the global batch is larger than ``base_batch_size`` and ``lr_scaling`` is ``sqrt`` or
     ``linear``, the initial rate is ``start_lr`` times the square root (or the ratio) of
-    global/base, reached linearly over ``warmup_steps``. Then a cosine decays it to ``end_lr``
-    at ``total_steps``.
+    global/base, reached linearly over ``warmup_steps``; a cosine then decays it towards ``end_lr``.
+    As in the original, the cosine's phase starts where the warm-up ends and runs over
+    ``total_steps``, so after a warm-up the last step's rate stays a little above ``end_lr``.
+    The original counts steps from 1 (its loop increments the counter before setting the rate):
+    step ``s`` here is its step ``s + 1``.
     """
+    i = step + 1
     ratio = params.global_batch_size / params.base_batch_size
-    scale = {"none": 1.0, "sqrt": math.sqrt(ratio), "linear": ratio}[params.lr_scaling]
-    initial = params.start_lr * scale
-    if scale > 1.0 and step < params.warmup_steps:
-        return initial * (step + 1) / params.warmup_steps
-    progress = min(step / max(total_steps, 1), 1.0)
-    return params.end_lr + 0.5 * (initial - params.end_lr) * (1.0 + math.cos(math.pi * progress))
+    initial = params.start_lr * {"none": 1.0, "sqrt": math.sqrt(ratio), "linear": ratio}[params.lr_scaling]
+    warmup = params.warmup_steps if ratio > 1 and params.lr_scaling != "none" else 0
+    if i < warmup:
+        return initial * i / warmup
+    phase = (i - warmup) / max(total_steps, 1)
+    return params.end_lr + 0.5 * (initial - params.end_lr) * (1.0 + math.cos(math.pi * phase))
