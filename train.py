@@ -239,14 +239,16 @@ def main(argv=None, make_step=None, graph_capture=False):
     check_parallel_options(params, world, device, graph_capture)
     init_process_group(world, device, params)
     config_logger(world.is_main)
+    params.log()
     torch.manual_seed(params.seed)
 
     # Data first. Nothing is written before everything is built: a run refused during set-up (a
     # missing file, an option this machine cannot do) leaves no half-made run directory behind.
+    logging.info("rank %d, begin data loader init", world.rank)
     train_loader, val_loader = get_data_loader_distributed(params, world.rank, device)
+    logging.info("rank %d, data loader initialized with config %s", world.rank, params.data_loader_config)
     check_profiling_options(params, len(train_loader), device)
     run_dir = claim_run_dir(options, params, world, device)
-    params.log()
     logging.info("Device: %s; %d rank(s); local batch %d; run directory %s", device, world.size,
                  params.global_batch_size // world.size, run_dir)
 
@@ -301,10 +303,10 @@ def main(argv=None, make_step=None, graph_capture=False):
             save_checkpoint(os.path.join(run_dir, CHECKPOINT_NAME), model, optimizer, precision.scaler,
                             asdict(position), params, world)
 
+    logging.info("Starting Training Loop...")
     if position.step == 0 and not params.enable_benchy:
         logging.info("Validation before training (step 0)")
         validate_and_log()
-        tensorboard.scalar("Learning Rate", schedule(0), 0)
     if params.enable_benchy:  # the epochs become IO / SYNTHETIC / FULL throughput trials
         train_loader = wrap_for_benchy(train_loader, params, world, device, run_dir)
 
@@ -359,6 +361,7 @@ def main(argv=None, make_step=None, graph_capture=False):
                  os.path.join(run_dir, "logs"), params.expdir)
     if params.preview_image and not params.enable_benchy:
         logging.info("Preview image: %s", os.path.join(run_dir, "preview.png"))
+    logging.info("DONE ---- rank %d", world.rank)
     shutdown(world)
 
 

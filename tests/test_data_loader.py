@@ -106,3 +106,32 @@ def test_box_sides_come_from_the_files(data_files):
     assert train.box_side == 48
     corner, _ = train.draw((0, 0))
     assert tuple(corner) == (0, 0, 0)  # a crop as large as the box has one position
+
+
+def test_crop_corners_cover_the_originals_range(data_files):
+    """Corners are uniform in [0, L - S) per axis, the original's np.random.randint(0, L - S)."""
+    params = make_params(data_files, data_loader_config="lowmem", crop_size=8)
+    dataset = build_dataset(params, data_files["train"], 4096, split=0, augment=True)
+    high = dataset.box_side - 8
+    corners = np.array([dataset.draw((0, index))[0] for index in range(4096)])
+    assert corners.min() == 0 and corners.max() == high - 1  # L - S itself is never drawn
+    assert set(np.unique(corners)) == set(range(high))
+
+
+def test_a_crop_one_voxel_smaller_than_the_box_always_starts_at_the_origin(data_files):
+    """With L = S + 1 the original's randint(0, 1) is always 0: the crop never touches the far faces."""
+    params = make_params(data_files, data_loader_config="lowmem")
+    dataset = build_dataset(params, data_files["train"], 64, split=0, augment=True)
+    params.update({"crop_size": dataset.box_side - 1})
+    dataset = build_dataset(params, data_files["train"], 64, split=0, augment=True)
+    assert all(tuple(dataset.draw((0, index))[0]) == (0, 0, 0) for index in range(64))
+
+
+def test_synthetic_samples_are_new_random_numbers_for_every_sample(data_files):
+    params = make_params(data_files, data_loader_config="synthetic", augment="none")
+    loader, _ = get_data_loader_distributed(params, 0, None)
+    inputs, targets = first_batch(loader)
+    assert all(not torch.equal(inputs[0], inputs[i]) for i in range(1, len(inputs)))
+    assert abs(inputs.mean().item()) < 0.01 and abs(inputs.std().item() - 1) < 0.01  # normal(0, 1)
+    second, _ = first_batch(loader)
+    torch.testing.assert_close(second, inputs, rtol=0, atol=0)  # and the same for the same key

@@ -32,7 +32,7 @@ def epoch_batches(loader, epoch, start=0):
 
 def native_sample(dataset, corner, element):
     """What the native loader makes of a crop: read_crop, then apply_numpy, input and target."""
-    nbody, hydro = dataset.read_crop(corner)
+    nbody, hydro = dataset.read_crop(corner, key=None)
     return (symmetry.apply_numpy(nbody, element, dataset.nbody_vectors),
             symmetry.apply_numpy(hydro, element, dataset.hydro_vectors))
 

@@ -211,7 +211,7 @@ def test_train_py_reports_ddp_and_fsdp_memory_per_rank(data_files, tmp_path):
         run_dir = tmp_path / "test" / "2CPU" / parallel
         log = (run_dir / "out.log").read_text()
         assert ("FSDP (fully_shard" if parallel == "fsdp" else "Data parallel: DDP over 2 ranks") in log
-        assert "global_batch_size: 6" in log and "local batch 3" in log  # --local_batch_size=3 on 2 ranks
+        assert "INFO - global_batch_size 6\n" in log and "local batch 3" in log  # --local_batch_size=3 on 2 ranks
         match = re.search(r"Memory per rank: parameters ([\d.]+) MiB, gradients ([\d.]+) MiB, "
                           r"optimizer state ([\d.]+) MiB, total ([\d.]+) MiB", log)
         assert match, log[-3000:]

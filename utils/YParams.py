@@ -12,6 +12,7 @@ Unknown keys and config names are refused with the closest valid name.
 """
 import difflib
 import logging
+import os
 
 import yaml
 
@@ -100,10 +101,12 @@ class YParams:
         return dict(self._params)
 
     def log(self):
+        """The resolved configuration, in the original tutorial's format (one ``key value`` line each)."""
         logging.info("------------------ Configuration ------------------")
-        logging.info("Config file: %s, config: %s", self.yaml_filename, self.config_name)
+        logging.info("Configuration file: %s", os.path.abspath(self.yaml_filename))
+        logging.info("Configuration name: %s", self.config_name)
         for key, value in self._params.items():
-            logging.info("  %s: %s", key, value)
+            logging.info("%s %s", key, value)
         logging.info("---------------------------------------------------")
 
 

@@ -39,6 +39,15 @@ MAKE_DATA = ("Make the synthetic data set with `python -m utils.generate_data` (
              "--val_path at HDF5 files in the real data set's layout.")
 
 
+def corner_high(box_side, crop_size):
+    """Crop corners are drawn uniformly from [0, corner_high) per axis.
+
+    As in the original, the last possible corner, L - S, is never drawn; a crop as large as the
+    box (where the original fails) sits at 0.
+    """
+    return max(box_side - crop_size, 1)
+
+
 def inspect_volume(path, n_in, n_out):
     """The box side of an HDF5 data file, after checking it has the layout the loaders expect."""
     if not os.path.isfile(path):
@@ -128,12 +137,12 @@ class RandomCropDataset(Dataset):
         """The crop corner and symmetry element of sample ``key = (epoch, index)``."""
         epoch, index = key
         rng = np.random.default_rng((self.seed, self.split, epoch, index))
-        corner = rng.integers(0, self.box_side - self.crop_size, size=3, endpoint=True)
+        corner = rng.integers(0, corner_high(self.box_side, self.crop_size), size=3)
         element = self.elements[rng.integers(len(self.elements))]
         return corner, element
 
-    def read_crop(self, corner):
-        """Input and target voxels of the crop at ``corner``, channel first, float32."""
+    def read_crop(self, corner, key):
+        """Input and target voxels of sample ``key``'s crop at ``corner``, channel first, float32."""
         raise NotImplementedError
 
     def crop_slices(self, corner):
@@ -141,24 +150,24 @@ class RandomCropDataset(Dataset):
 
     def __getitem__(self, key):
         corner, element = self.draw(key)
-        nbody, hydro = self.read_crop(corner)
+        nbody, hydro = self.read_crop(corner, key)
         nbody = symmetry.apply_numpy(nbody, element, self.nbody_vectors)
         hydro = symmetry.apply_numpy(hydro, element, self.hydro_vectors)
         return torch.from_numpy(nbody), torch.from_numpy(hydro)
 
 
 class SyntheticDataset(RandomCropDataset):
-    """Random numbers in place of the data: the same shapes and augmentation, no file access."""
+    """Normal random numbers in place of the data, new for every sample: no file access."""
 
     def __init__(self, params, num_samples, split, augment):
         super().__init__(params, num_samples, split, box_side=params.crop_size, augment=augment)
         self.n_in, self.n_out = params.N_in_channels, params.N_out_channels
 
-    def read_crop(self, corner):
-        rng = np.random.default_rng((self.seed, self.split, *corner.tolist()))
+    def read_crop(self, corner, key):
+        rng = np.random.default_rng((self.seed, self.split, *key, 1))
         shape = (self.crop_size,) * 3
-        nbody = rng.uniform(-1, 1, size=(self.n_in, *shape)).astype(np.float32)
-        hydro = rng.uniform(-1, 1, size=(self.n_out, *shape)).astype(np.float32)
+        nbody = rng.standard_normal(size=(self.n_in, *shape), dtype=np.float32)
+        hydro = rng.standard_normal(size=(self.n_out, *shape), dtype=np.float32)
         return nbody, hydro
 
 
@@ -172,7 +181,7 @@ class InMemoryDataset(RandomCropDataset):
             self.nbody = f["Nbody"][...].astype(np.float32, copy=False)
             self.hydro = f["Hydro"][...].astype(np.float32, copy=False)
 
-    def read_crop(self, corner):
+    def read_crop(self, corner, key):
         window = (slice(None), *self.crop_slices(corner))
         return self.nbody[window], self.hydro[window]
 
@@ -185,7 +194,7 @@ class LowMemDataset(RandomCropDataset):
         self.path = path
         self._file, self._pid = None, None
 
-    def read_crop(self, corner):
+    def read_crop(self, corner, key):
         # A handle opened before a fork must not be shared, so each process opens its own.
         if self._pid != os.getpid():
             self._file, self._pid = h5py.File(self.path, "r"), os.getpid()

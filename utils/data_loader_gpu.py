@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from utils import symmetry
-from utils.data_loader import TRAIN_SPLIT, VALID_SPLIT, build_dataset, check_host_memory
+from utils.data_loader import TRAIN_SPLIT, VALID_SPLIT, build_dataset, check_host_memory, corner_high
 from utils.errors import UserError
 
 SLAB_BYTES = 256 * 2**20  # upload the volume this many bytes at a time: bounds host memory
@@ -176,7 +176,7 @@ class DeviceCropSampler:
     def __init__(self, num_samples, box_side, crop_size, num_elements, seed, split, rank, device,
                  fixed_epoch=None):
         self.num_samples = num_samples
-        self.corner_high = box_side - crop_size + 1  # corners are uniform in [0, L - S]
+        self.corner_high = corner_high(box_side, crop_size)
         self.num_elements = num_elements
         self.seed, self.split, self.rank = seed, split, rank
         self.device = device
