@@ -23,7 +23,7 @@ test-slurm: $(VENV)/.installed-test
 	$(PY) -m pytest tests/test_slurm.py $(PYTEST_ARGS)
 
 figures: $(VENV)/.installed-test
-	$(PY) -m utils.figures
+	$(PY) -m figures.tutorial_images
 
 data: $(DATA)
 

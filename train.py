@@ -4,17 +4,18 @@
     python train.py --config=short --num_epochs 4       # one GPU, as in the tutorial
     python train.py --config=short --run_num=01 --resume            # continue an interrupted run
     torchrun --nproc_per_node=4 train.py --config=bs256_opt --local_batch_size=64   # four GPUs
+    sbatch -N 2 --ntasks-per-node=4 ./submit_pm.sh --config=bs256_opt                # two nodes
 
 Every key of config/UNet.yaml can be overridden as --key=value. The run writes to
 <expdir>/<config>/<N>GPU|<N>CPU/<run_num>/: out.log, config.yaml, checkpoint.pt, preview.png and
-logs/ (TensorBoard). The same code runs on CPU and on CUDA: the device is chosen once, below.
+logs/ (TensorBoard). The same code runs on CPU and on CUDA: the device is chosen once, in main.
 """
+import dataclasses
 import functools
 import logging
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
 
 import torch
 import yaml
@@ -22,8 +23,8 @@ import yaml
 from networks.UNet import UNet
 from utils import get_data_loader_distributed, lr_schedule
 from utils.YParams import load_params
-from utils.benchmark import wrap_for_benchy
-from utils.checkpoint import CHECKPOINT_NAME, StopSignals, load_checkpoint, save_checkpoint
+from utils.benchy import check_benchy_options, wrap_for_benchy
+from utils.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from utils.distributed import (agree_to_stop, all_reduce_mean, check_parallel_options, describe_memory,
                                exit_on_lost_rank, init_process_group, memory_report, parallelize, read_world,
                                shutdown)
@@ -33,10 +34,11 @@ from utils.losses import build_loss
 from utils.metrics import ValidationMetrics, format_metrics, power_spectrum_figure
 from utils.optim import Precision, build_optimizer, configure_tf32, set_learning_rate
 from utils.preview import render_preview, save_png
-from utils.profiling import Profiling, annotate, check_profiling_options, default_profile_window
+from utils.profiling import DEFAULT_WINDOWS, Profiling, annotate, check_profiling_options
+from utils.signals import StopSignals
 
 
-@dataclass
+@dataclasses.dataclass(frozen=True)
 class Position:
     """Where training stands; saved in every checkpoint."""
     epoch: int = 0           # epochs completed
@@ -60,48 +62,42 @@ def pick_device(params, world):
     return device
 
 
-def check_sizes(options, params, world):
-    """Batch and crop sizes that can work, before any data is read."""
-    if options["local_batch_size"] is not None:
-        local = options["local_batch_size"]
-        if not isinstance(local, int) or isinstance(local, bool) or local < 1:
-            raise UserError(f"--local_batch_size={local} is invalid: it must be a positive integer.")
-        params.update({"global_batch_size": world.size * local})
-    if params.global_batch_size % world.size:
-        raise UserError(f"global_batch_size={params.global_batch_size} does not divide over {world.size} "
-                        f"ranks. Choose a multiple of {world.size}, or set --local_batch_size instead.")
+def check_crop_size(params):
+    """A crop the U-Net can halve at every level, before any data is read."""
     multiple = UNet.size_multiple(params.full_scale)
     if params.crop_size % multiple:
         raise UserError(f"crop_size={params.crop_size} does not fit the U-Net: with full_scale="
                         f"{params.full_scale} every level halves the crop, so its side must be a multiple "
                         f"of {multiple}. Use e.g. --crop_size={max(multiple, params.crop_size // multiple * multiple)}"
                         + ("" if not params.full_scale else " or --full_scale=false") + ".")
-    params.update({"world_size": world.size})
 
 
-def claim_run_dir(options, params, world, device):
+def claim_run_dir(params, world, device):
     """The run directory's path; refuses one that holds a run unless --resume. Creates nothing."""
     kind = "GPU" if device.type == "cuda" else "CPU"
-    run_dir = os.path.join(params.expdir, options["config"], f"{world.size}{kind}", options["run_num"])
-    taken = os.path.isdir(run_dir) and bool(os.listdir(run_dir)) and not options["resume"]
+    run_dir = os.path.join(params.expdir, params.config, f"{world.size}{kind}", params.run_num)
+    taken = os.path.isdir(run_dir) and bool(os.listdir(run_dir)) and not params.resume
     # Every rank looks before rank 0 creates anything, and all ranks agree on the answer.
     if agree_to_stop(taken, world, device):
         raise UserError(f"The run directory {run_dir} already holds a run. Pass --resume to continue it, "
-                        f"or a new --run_num (e.g. --run_num={options['run_num']}b) to start another.")
+                        f"or a new --run_num (e.g. --run_num={params.run_num}b) to start another.")
+    logging.info("Device: %s; %d rank(s); local batch %d; run directory %s", device, world.size,
+                 params.global_batch_size // world.size, run_dir)
     return run_dir
 
 
-def create_run_dir(run_dir, options, params, world):
+def create_run_dir(run_dir, params, world):
     """Rank 0 makes the run directory, starts out.log (with the lines logged so far) and config.yaml."""
     if world.is_main:
         os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
         log_to_file(os.path.join(run_dir, "out.log"))
         with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-            yaml.safe_dump({**options, **params.to_dict()}, f, sort_keys=False)
+            yaml.safe_dump({**params.to_dict(), "world_size": world.size}, f, sort_keys=False)
 
 
 def build_model(params, device):
     model = UNet(params.N_in_channels, params.N_out_channels, params.base_channels, params.full_scale)
+    logging.info("U-Net with %.1f M parameters", sum(p.numel() for p in model.parameters()) / 1e6)
     return model.to(device, memory_format=memory_format(params))
 
 
@@ -129,7 +125,7 @@ def resume(run_dir, model, optimizer, scaler):
         return Position()
     try:
         position = Position(**load_checkpoint(path, model, optimizer, scaler))
-    except (RuntimeError, KeyError, ValueError) as error:
+    except (RuntimeError, KeyError, TypeError, ValueError) as error:
         raise UserError(f"The checkpoint {path} does not fit this run ({str(error).splitlines()[0]}). Resume "
                         "with the config it was made with (see config.yaml beside it), or start a new "
                         "--run_num.") from None
@@ -161,30 +157,43 @@ def train_step(model, optimizer, loss_fn, precision, inputs, targets):
     return loss.detach().clone()
 
 
-def train_one_epoch(step_fn, loader, optimizer, schedule, position, move, stop, profiling):
-    """Run the epoch's remaining batches; return their losses, still on the device.
-
-    Nothing here waits for the device: the losses stay device tensors that the caller reads once,
-    at the end of the epoch.
-    """
-    losses = []
-    for inputs, targets in loader:
-        profiling.step(position.step)  # opens and closes the profiling window; one comparison when off
-        with annotate("step", position.step):
-            with annotate("data copy in", position.step):
-                inputs, targets = move(inputs), move(targets)
-            set_learning_rate(optimizer, schedule(position.step))
-            losses.append(step_fn(inputs, targets))
-        position.step += 1
-        position.batch_in_epoch += 1
-        if position.step % STOP_CHECK_STEPS == 0 and stop.agreed():
-            break
-    return torch.stack(losses)
+def default_step(model, optimizer, loss_fn, precision, params):
+    """The step of train.py; train_graph.py supplies one that replays a captured CUDA graph."""
+    return functools.partial(train_step, model, optimizer, loss_fn, precision)
 
 
 def to_device(tensor, device, memory_format):
     # non_blocking: from pinned memory the copy overlaps with compute; a no-op for tensors already there.
     return tensor.to(device, non_blocking=True, memory_format=memory_format)
+
+
+def train_one_epoch(step_fn, loader, optimizer, schedule, first_step, move, stop, profiling):
+    """Train on the epoch's remaining batches from global step ``first_step``; return their losses.
+
+    Nothing here waits for the device: the losses stay a device tensor that the caller reads once,
+    at the end of the epoch. A stop signal ends the epoch early (all ranks at the same step).
+    """
+    losses = []
+    for step, (inputs, targets) in enumerate(loader, start=first_step):
+        profiling.step(step)  # opens and closes the profiling window; one comparison when off
+        with annotate("step", step):
+            with annotate("data copy in", step):
+                inputs, targets = move(inputs), move(targets)
+            set_learning_rate(optimizer, schedule(step))
+            losses.append(step_fn(inputs, targets))
+        if (step + 1) % STOP_CHECK_STEPS == 0 and stop.agreed():
+            break
+    return torch.stack(losses)
+
+
+def check_finite(losses, last_step, run_dir):
+    """Stop with a clear message at the first non-finite training loss (one host sync per call)."""
+    finite = torch.isfinite(losses)
+    if not bool(finite.all()):  # waits for the device: the epoch's work is done
+        first_bad = last_step - len(losses) + int((~finite).nonzero()[0])
+        raise UserError(f"The training loss became non-finite at step {first_bad}. Training stopped; the "
+                        f"last good checkpoint in {run_dir} (if any) is kept. Lower --start_lr, or use "
+                        "--amp_mode=bf16 or none instead of fp16.")
 
 
 @torch.no_grad()
@@ -210,159 +219,57 @@ def validate(model, loader, loss_fn, precision, move, world, metrics=None):
     return mean, {name: tensor.float().cpu().numpy() for name, tensor in sample.items()}
 
 
-def check_finite(losses, position, run_dir):
-    """Stop with a clear message at the first non-finite training loss (one host sync per call)."""
-    finite = torch.isfinite(losses)
-    if not bool(finite.all()):
-        first_bad = position.step - len(losses) + int((~finite).nonzero()[0])
-        raise UserError(f"The training loss became non-finite at step {first_bad}. Training stopped; the "
-                        f"last good checkpoint in {run_dir} (if any) is kept. Lower --start_lr, or use "
-                        "--amp_mode=bf16 or none instead of fp16.")
+# ----------------------------------------------------------------------------- once per epoch
+
+def log_epoch(tensorboard, epoch, losses, elapsed, optimizer, model, params, world, step):
+    """The original's epoch lines and scalars at global ``step`` (the steps taken so far); the
+    first epoch of a run also reports the loss at step 0 and the memory per rank."""
+    steps = len(losses)
+    train_loss = all_reduce_mean(losses.mean(), world).item()
+    logging.info("Time taken for epoch %d is %s sec, avg %s samples/sec", epoch + 1, elapsed,
+                 steps * params.global_batch_size / elapsed)
+    logging.info("  Avg train loss=%f", train_loss)
+    if step == steps:  # the run's first epoch  # the loss of the first batch, before any update: the train loss at step 0
+        tensorboard.scalar("Loss/train", all_reduce_mean(losses[0].clone(), world).item(), 0)
+        memory = memory_report(model, optimizer)  # what parameters, gradients and optimiser state cost
+        logging.info("Memory per rank: %s", describe_memory(memory))
+        for key, value in memory.items():
+            tensorboard.scalar(f"Memory/{key}_MiB", value / 2**20, step)
+    tensorboard.scalar("Loss/train", train_loss, step)
+    tensorboard.scalar("Learning Rate", optimizer.param_groups[0]["lr"], step)
+    tensorboard.scalar("Avg iters per sec", steps / elapsed, step)
 
 
-# ----------------------------------------------------------------------------- the run
+def validate_and_log(validation, tensorboard, run_dir, params, world, step):
+    """Validate (``validation`` is :func:`validate` bound to the model and loader), log the loss
+    and, when on, the metrics and the preview; return the metrics' log lines."""
+    start = time.time()
+    metrics = ValidationMetrics() if params.val_metrics else None
+    val_loss, sample = validation(metrics=metrics)
+    logging.info("  Avg val loss=%f", val_loss)
+    logging.info("  Total validation time: %s sec", time.time() - start)
+    tensorboard.scalar("Loss/valid", val_loss, step)
+    lines = []
+    if metrics is not None:  # L1 per field, correlations, power-spectrum ratios: one sync, on all ranks
+        values = metrics.compute(reduce_fn=lambda tensor: all_reduce_mean(tensor, world))
+        for name, value in values.items():
+            tensorboard.scalar(f"Metrics/{name}", value, step)
+        if world.is_main:
+            tensorboard.image("Power spectrum", power_spectrum_figure(
+                metrics.spectra, f"gas overdensity, step {step}"), step)
+        lines = format_metrics(values)
+    if params.preview_image and world.is_main:
+        image = render_preview(sample, f"{params.config}, step {step}, val loss {val_loss:.4f}")
+        save_png(os.path.join(run_dir, "preview.png"), image)
+        tensorboard.image("Preview", image, step)
+    return lines
 
-@exit_on_user_error
-@exit_on_lost_rank
-def main(argv=None, make_step=None, graph_capture=False):
-    """Set everything up, then train: ``num_epochs`` of (train, validate, log, checkpoint).
 
-    ``make_step(model, optimizer, loss_fn, precision, params)`` returns the function that trains on
-    one batch; train_graph.py passes one that replays a captured CUDA graph, with ``graph_capture``
-    asking for an optimiser and autocast that can be captured.
-    """
-    options, params = load_params(sys.argv[1:] if argv is None else argv)
-    default_profile_window(params, "train_graph.py" if graph_capture else "train.py")
-    world = read_world()
-    check_sizes(options, params, world)
-    device = pick_device(params, world)
-    check_parallel_options(params, world, device, graph_capture)
-    init_process_group(world, device, params)
-    config_logger(world.is_main)
-    params.log()
-    torch.manual_seed(params.seed)
-
-    # Data first. Nothing is written before everything is built: a run refused during set-up (a
-    # missing file, an option this machine cannot do) leaves no half-made run directory behind.
-    logging.info("rank %d, begin data loader init", world.rank)
-    train_loader, val_loader = get_data_loader_distributed(params, world.rank, device)
-    logging.info("rank %d, data loader initialized with config %s", world.rank, params.data_loader_config)
-    check_profiling_options(params, len(train_loader), device)
-    run_dir = claim_run_dir(options, params, world, device)
-    logging.info("Device: %s; %d rank(s); local batch %d; run directory %s", device, world.size,
-                 params.global_batch_size // world.size, run_dir)
-
-    # Model, optimiser, precision and loss, resolved once so that the loop has no branches for them.
-    # Order: the parallel wrapper first (FSDP replaces the parameters the optimiser must hold), then
-    # the optimiser, and compilation last, around everything (it is lazy: nothing is traced yet).
-    model = build_model(params, device)
-    logging.info("U-Net with %.1f M parameters", sum(p.numel() for p in model.parameters()) / 1e6)
-    model = parallelize(model, params, world, device, graph_capture)
-    optimizer = build_optimizer(params, model, capturable=graph_capture)
-    precision = Precision(params.amp_mode, device, cache=not graph_capture)
-    loss_fn = build_loss(params)
-    model = compile_model(model, params)
-    move = functools.partial(to_device, device=device, memory_format=memory_format(params))
-    step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
-
-    # The checkpoint's states when resuming (a checkpoint that does not fit is refused before the
-    # run's config.yaml and out.log are touched), then the run directory.
-    position = resume(run_dir, model, optimizer, precision.scaler) if options["resume"] else Position()
-    create_run_dir(run_dir, options, params, world)
-
-    steps_per_epoch = len(train_loader)
-    schedule = functools.partial(lr_schedule, total_steps=params.num_epochs * steps_per_epoch, params=params)
-    tensorboard = TensorBoard(os.path.join(run_dir, "logs"), enabled=world.is_main)
-    stop = StopSignals(world, device)
-    profiling = Profiling(params, world.is_main, device, run_dir, steps_per_epoch)
-    final_metrics = []  # log lines of the last validation's metrics, printed at the end
-
-    def validate_and_log():
-        start = time.time()
-        metrics = ValidationMetrics() if params.val_metrics else None
-        val_loss, sample = validate(model, val_loader, loss_fn, precision, move, world, metrics)
-        logging.info("  Avg val loss=%f", val_loss)
-        logging.info("  Total validation time: %s sec", time.time() - start)
-        tensorboard.scalar("Loss/valid", val_loss, position.step)
-        if metrics is not None:  # L1 per field, correlations, power-spectrum ratios: one sync, on all ranks
-            values = metrics.compute(reduce_fn=lambda tensor: all_reduce_mean(tensor, world))
-            for name, value in values.items():
-                tensorboard.scalar(f"Metrics/{name}", value, position.step)
-            if world.is_main:
-                tensorboard.image("Power spectrum", power_spectrum_figure(
-                    metrics.spectra, f"gas overdensity, step {position.step}"), position.step)
-            final_metrics[:] = format_metrics(values)
-        if params.preview_image and world.is_main:
-            image = render_preview(sample, f"{options['config']}, step {position.step}, val loss {val_loss:.4f}")
-            save_png(os.path.join(run_dir, "preview.png"), image)
-            tensorboard.image("Preview", image, position.step)
-        return val_loss
-
-    def checkpoint():  # on every rank: under FSDP all ranks take part in gathering the weights
-        if params.checkpoint:
-            save_checkpoint(os.path.join(run_dir, CHECKPOINT_NAME), model, optimizer, precision.scaler,
-                            asdict(position), params, world)
-
-    logging.info("Starting Training Loop...")
-    if position.step == 0 and not params.enable_benchy:
-        logging.info("Validation before training (step 0)")
-        validate_and_log()
-    if params.enable_benchy:  # the epochs become IO / SYNTHETIC / FULL throughput trials
-        train_loader = wrap_for_benchy(train_loader, params, world, device, run_dir)
-
-    first_epoch = position.epoch
-    with profiling:  # closes a window cut short; dumps a CUDA memory snapshot on out-of-memory
-        for epoch in range(position.epoch, params.num_epochs):
-            train_loader.sampler.set_epoch(epoch, start=position.batch_in_epoch * train_loader.batch_size)
-            first_step = position.step
-            start = time.time()
-            losses = train_one_epoch(step_fn, train_loader, optimizer, schedule, position, move, stop, profiling)
-            check_finite(losses, position, run_dir)  # waits for the device: the epoch's work is done
-            elapsed = time.time() - start
-            if epoch == first_epoch:  # what parameters, gradients and optimiser state cost each rank
-                memory = memory_report(model, optimizer)
-                logging.info("Memory per rank: %s", describe_memory(memory))
-                for key, value in memory.items():
-                    tensorboard.scalar(f"Memory/{key}_MiB", value / 2**20, position.step)
-            # Stopped in the middle of the epoch: save where it stands. A signal during the epoch's last
-            # step does not count as mid-epoch: the epoch is whole, so it is validated and saved as such below.
-            if position.batch_in_epoch < steps_per_epoch and stop.agreed():
-                checkpoint()
-                exit_on_signal(stop, position, run_dir, world, tensorboard)
-
-            steps = position.step - first_step
-            train_loss = all_reduce_mean(losses.mean(), world).item()
-            samples_per_sec = steps * params.global_batch_size / elapsed
-            logging.info("Time taken for epoch %d is %s sec, avg %s samples/sec", epoch + 1, elapsed,
-                         samples_per_sec)
-            logging.info("  Avg train loss=%f", train_loss)
-            if first_step == 0:  # the loss of the first batch, before any update: the train loss at step 0
-                tensorboard.scalar("Loss/train", all_reduce_mean(losses[0].clone(), world).item(), 0)
-            tensorboard.scalar("Loss/train", train_loss, position.step)
-            tensorboard.scalar("Learning Rate", optimizer.param_groups[0]["lr"], position.step)
-            tensorboard.scalar("Avg iters per sec", steps / elapsed, position.step)
-
-            if not params.enable_benchy:  # as in the original, validation is no part of the trials
-                validate_and_log()
-            position.epoch, position.batch_in_epoch = epoch + 1, 0
-            checkpoint()
-            tensorboard.flush()
-            if stop.agreed():
-                exit_on_signal(stop, position, run_dir, world, tensorboard)
-            if params.enable_benchy and train_loader.stop_training:  # all trials done
-                break
-
-    tensorboard.close()
-    if final_metrics:
-        logging.info("Validation metrics after the last epoch:")
-        for line in final_metrics:
-            logging.info("  %s", line)
-    logging.info("Done. TensorBoard logs: %s (view with: tensorboard --logdir %s)",
-                 os.path.join(run_dir, "logs"), params.expdir)
-    if params.preview_image and not params.enable_benchy:
-        logging.info("Preview image: %s", os.path.join(run_dir, "preview.png"))
-    logging.info("DONE ---- rank %d", world.rank)
-    shutdown(world)
+def checkpoint(run_dir, model, optimizer, precision, position, params, world):
+    """Save (every rank calls: under FSDP all take part in gathering the weights), if checkpoints are on."""
+    if params.checkpoint:
+        save_checkpoint(os.path.join(run_dir, CHECKPOINT_NAME), model, optimizer, precision.scaler,
+                        dataclasses.asdict(position), params, world)
 
 
 def exit_on_signal(stop, position, run_dir, world, tensorboard):
@@ -374,8 +281,106 @@ def exit_on_signal(stop, position, run_dir, world, tensorboard):
     sys.exit(128 + stop.received)
 
 
-def default_step(model, optimizer, loss_fn, precision, params):
-    return functools.partial(train_step, model, optimizer, loss_fn, precision)
+def finish(tensorboard, metric_lines, run_dir, params, world):
+    tensorboard.close()
+    if metric_lines:
+        logging.info("Validation metrics after the last epoch:")
+        for line in metric_lines:
+            logging.info("  %s", line)
+    logging.info("Done. TensorBoard logs: %s (view with: tensorboard --logdir %s)",
+                 os.path.join(run_dir, "logs"), params.expdir)
+    if params.preview_image and not params.enable_benchy:
+        logging.info("Preview image: %s", os.path.join(run_dir, "preview.png"))
+    logging.info("DONE ---- rank %d", world.rank)
+    shutdown(world)
+
+
+# ----------------------------------------------------------------------------- the run
+
+@exit_on_user_error
+@exit_on_lost_rank
+def main(argv=None, make_step=None, graph_capture=False):
+    """Set everything up, then train: ``num_epochs`` of (train, log, validate, checkpoint).
+
+    ``make_step(model, optimizer, loss_fn, precision, params)`` returns the function that trains on
+    one batch; train_graph.py passes one that replays a captured CUDA graph, with ``graph_capture``
+    asking for an optimiser and autocast that can be captured.
+    """
+    # The ranks, the options and the device: decided once, then passed down.
+    world = read_world()
+    script = "train_graph.py" if graph_capture else "train.py"
+    params = load_params(sys.argv[1:] if argv is None else argv, world.size, DEFAULT_WINDOWS[script])
+    check_crop_size(params)
+    device = pick_device(params, world)
+    check_parallel_options(params, world, device, graph_capture)
+    init_process_group(world, device, params)
+    config_logger(world.is_main)
+    params.log()
+    torch.manual_seed(params.seed)
+
+    # Data first. Nothing is written before everything is built: a run refused during set-up (a
+    # missing file, an option this machine cannot do) leaves no half-made run directory behind.
+    logging.info("rank %d, begin data loader init", world.rank)
+    train_loader, val_loader = get_data_loader_distributed(params, world.rank, device, world.size)
+    logging.info("rank %d, data loader initialized with config %s", world.rank, params.data_loader_config)
+    steps_per_epoch = len(train_loader)
+    check_profiling_options(params, steps_per_epoch)
+    check_benchy_options(params, device)
+    run_dir = claim_run_dir(params, world, device)
+
+    # Model, optimiser, precision and loss, resolved once so that the loop has no branches for them.
+    # Order: the parallel wrapper first (FSDP replaces the parameters the optimiser must hold), then
+    # the optimiser, and compilation last, around everything (it is lazy: nothing is traced yet).
+    model = parallelize(build_model(params, device), params, world, device, graph_capture)
+    optimizer = build_optimizer(params, model, capturable=graph_capture)
+    precision = Precision(params.amp_mode, device, cache=not graph_capture)
+    loss_fn = build_loss(params)
+    model = compile_model(model, params)
+    step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
+    move = functools.partial(to_device, device=device, memory_format=memory_format(params))
+    validation = functools.partial(validate, model, val_loader, loss_fn, precision, move, world)
+
+    # The checkpoint's states when resuming (one that does not fit is refused before out.log and
+    # config.yaml are touched), then the run directory and what the loop reports to.
+    position = resume(run_dir, model, optimizer, precision.scaler) if params.resume else Position()
+    create_run_dir(run_dir, params, world)
+    tensorboard = TensorBoard(os.path.join(run_dir, "logs"), enabled=world.is_main)
+    schedule = functools.partial(lr_schedule, total_steps=params.num_epochs * steps_per_epoch, params=params)
+    stop = StopSignals(world, device)
+    profiling = Profiling(params, world, device, run_dir, steps_per_epoch, position.step)
+    # --enable_benchy: the epochs become benchy's IO / SYNTHETIC / FULL trials, and, as in the
+    # original, nothing is validated (the trials time training alone).
+    validating = not params.enable_benchy
+    if params.enable_benchy:
+        train_loader = wrap_for_benchy(train_loader, params, world, device, run_dir)
+
+    logging.info("Starting Training Loop...")
+    metric_lines = []
+    if position.step == 0 and validating:
+        logging.info("Validation before training (step 0)")
+        metric_lines = validate_and_log(validation, tensorboard, run_dir, params, world, step=0)
+    with profiling:  # closes a window cut short; dumps a CUDA memory snapshot on out-of-memory
+        for epoch in range(position.epoch, params.num_epochs):
+            train_loader.sampler.set_epoch(epoch, start=position.batch_in_epoch * train_loader.batch_size)
+            remaining, start = len(train_loader), time.time()  # fewer batches after a resume; a trial's under benchy
+            losses = train_one_epoch(step_fn, train_loader, optimizer, schedule, position.step, move, stop,
+                                     profiling)
+            check_finite(losses, position.step + len(losses), run_dir)  # waits for the device
+            elapsed = time.time() - start
+            position = dataclasses.replace(position, step=position.step + len(losses),
+                                           batch_in_epoch=position.batch_in_epoch + len(losses))
+            if len(losses) == remaining:  # a whole epoch, not one cut short by a stop signal
+                log_epoch(tensorboard, epoch, losses, elapsed, optimizer, model, params, world, position.step)
+                if validating:
+                    metric_lines = validate_and_log(validation, tensorboard, run_dir, params, world, position.step)
+                position = Position(epoch=epoch + 1, step=position.step)
+            checkpoint(run_dir, model, optimizer, precision, position, params, world)
+            tensorboard.flush()
+            if stop.agreed():
+                exit_on_signal(stop, position, run_dir, world, tensorboard)
+            if getattr(train_loader, "stop_training", False):  # benchy's trials are all done
+                break
+    finish(tensorboard, metric_lines, run_dir, params, world)
 
 
 if __name__ == "__main__":

@@ -29,11 +29,12 @@ import torch
 import train
 from benchmarks.common import (ROOT, argument_parser, check_preset, claim_files, device_name, device_slug,
                                make_data)
+from benchmarks.trials import run_trials
 from utils import get_data_loader_distributed
 from utils.YParams import load_params
-from utils.benchmark import precision_of, resolve_peak_flops, run_trials, unet_flops_per_sample
 from utils.distributed import World, parallelize
 from utils.errors import exit_on_user_error
+from utils.flops import precision_of, resolve_peak_flops, unet_flops_per_sample
 from utils.losses import build_loss
 from utils.optim import Precision, build_optimizer
 
@@ -81,8 +82,7 @@ PRESETS = {
 
 def measure_rung(options, script, args):
     """Build what `python <script> <options>` would train and time it; returns the trial summary."""
-    _, params = load_params(options)
-    params.update({"world_size": 1})
+    params = load_params(options)
     device = train.pick_device(params, World())  # as train.py: cuDNN autotuning and TF32 as the rung says
     train_loader, _ = get_data_loader_distributed(params, 0, device)
     graph = script == "train_graph.py"

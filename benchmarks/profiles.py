@@ -204,7 +204,7 @@ README_HEAD = """# {title}
 
 Made by `{command}` ({date}); every file below comes out of the run whose command is listed with it.
 Regenerate the folder with that command and `--overwrite` (without it, a folder that holds files is
-refused); `python -m utils.figures` draws a timeline of each trace into `tutorial_images/`.
+refused); `python -m figures.tutorial_images` draws a timeline of each trace into `tutorial_images/`.
 
 How to open them:
 - `*.pt.trace.json.gz`: torch profiler traces (Chrome trace JSON, gzipped). Drag one onto

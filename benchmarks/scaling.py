@@ -17,7 +17,7 @@ JSON (``ddp_N.json``, ``noddp_N.json``) and log, ``scaling.json`` (device, comma
 points) and ``README.md`` (the table, with efficiency and overhead). A folder that already holds
 files (a rerun on the same device, the same day, with the same options) is refused before anything
 runs: pass another ``--out_dir``, or ``--overwrite`` to replace its results. ``make figures`` plots
-every such folder with ``utils.plot_scaling``. Points on several nodes come from the batch script
+every such folder with ``benchmarks.plot_scaling``. Points on several nodes come from the batch script
 (README, "Multi-GPU performance"); this measures what one node can show.
 """
 import datetime
@@ -32,7 +32,7 @@ import torch
 
 from benchmarks.common import (ROOT, argument_parser, check_preset, claim_folder, device_name, device_slug, make_data,
                                outcome, relative, relative_args, run)
-from utils import plot_scaling
+from benchmarks import plot_scaling
 from utils.errors import exit_on_user_error
 
 # The tutorial's weak-scaling settings (bs64_opt, local batch 64) with the GPU-resident loader, which
@@ -163,7 +163,7 @@ def main(argv=None):
             write_summary(out_dir, index)  # after every point: a stage stopped at its time limit keeps them
     with open(os.path.join(out_dir, "README.md")) as f:
         print(f.read())
-    print(f"Results in {relative(out_dir)}; plot them with `make figures` or `python -m utils.plot_scaling`.")
+    print(f"Results in {relative(out_dir)}; plot them with `make figures` or `python -m benchmarks.plot_scaling`.")
     return index
 
 

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from utils.errors import UserError
-from utils.tensorboard_screenshot import find_chromium
+from figures.tensorboard_screenshot import find_chromium
 
 
 def unavailable(reason):

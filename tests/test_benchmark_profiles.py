@@ -5,7 +5,7 @@ import json
 import pytest
 
 from benchmarks import profiles
-from utils import figures
+from figures import tutorial_images as figures
 
 pytestmark = pytest.mark.slow
 

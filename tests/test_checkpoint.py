@@ -57,7 +57,8 @@ def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatc
     before = path.read_bytes()
 
     def interrupted_save(obj, f):
-        f.write(b"half a checkpoint")
+        with open(f, "wb") as half:
+            half.write(b"half a checkpoint")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(torch, "save", interrupted_save)

@@ -13,7 +13,7 @@ KINDS = ("synthetic", "inmem", "lowmem")
 
 def make_params(data_files, **changes):
     params = YParams("config/UNet.yaml", "test")
-    params.update({"train_path": data_files["train"], "val_path": data_files["valid"], "world_size": 1, **changes})
+    params.update({"train_path": data_files["train"], "val_path": data_files["valid"], **changes})
     return params
 
 
@@ -41,7 +41,7 @@ def test_a_sample_is_the_transformed_window_of_the_file(data_files, kind):
         nbody, hydro = f["Nbody"][...], f["Hydro"][...]
     seen_elements = set()
     for index in range(16):
-        corner, element = dataset.draw((3, index))
+        corner, element = dataset.spec.draw((3, index))
         seen_elements.add(element)
         window = (slice(None), *(slice(c, c + 32) for c in corner))
         x, y = dataset[(3, index)]
@@ -83,8 +83,8 @@ def test_epochs_and_seeds_change_the_crops_validation_does_not(data_files):
 
 
 def test_ranks_draw_different_crops_and_split_the_epoch(data_files):
-    params = make_params(data_files, data_loader_config="inmem", global_batch_size=4, world_size=2)
-    loaders = [get_data_loader_distributed(params, rank, None)[0] for rank in (0, 1)]
+    params = make_params(data_files, data_loader_config="inmem", global_batch_size=4)
+    loaders = [get_data_loader_distributed(params, rank, None, world_size=2)[0] for rank in (0, 1)]
     assert [loader.batch_size for loader in loaders] == [2, 2]
     assert [len(loader) for loader in loaders] == [4, 4]  # 16 samples / (2 ranks x 2)
     a, b = (first_batch(loader)[0] for loader in loaders)
@@ -103,8 +103,8 @@ def test_sampler_resumes_in_the_middle_of_an_epoch():
 def test_box_sides_come_from_the_files(data_files):
     params = make_params(data_files, data_loader_config="inmem", crop_size=48)
     train = build_dataset(params, data_files["train"], 4, split=0, augment=False)
-    assert train.box_side == 48
-    corner, _ = train.draw((0, 0))
+    assert train.spec.box_side == 48
+    corner, _ = train.spec.draw((0, 0))
     assert tuple(corner) == (0, 0, 0)  # a crop as large as the box has one position
 
 
@@ -112,8 +112,8 @@ def test_crop_corners_cover_the_originals_range(data_files):
     """Corners are uniform in [0, L - S) per axis, the original's np.random.randint(0, L - S)."""
     params = make_params(data_files, data_loader_config="lowmem", crop_size=8)
     dataset = build_dataset(params, data_files["train"], 4096, split=0, augment=True)
-    high = dataset.box_side - 8
-    corners = np.array([dataset.draw((0, index))[0] for index in range(4096)])
+    high = dataset.spec.box_side - 8
+    corners = np.array([dataset.spec.draw((0, index))[0] for index in range(4096)])
     assert corners.min() == 0 and corners.max() == high - 1  # L - S itself is never drawn
     assert set(np.unique(corners)) == set(range(high))
 
@@ -122,9 +122,9 @@ def test_a_crop_one_voxel_smaller_than_the_box_always_starts_at_the_origin(data_
     """With L = S + 1 the original's randint(0, 1) is always 0: the crop never touches the far faces."""
     params = make_params(data_files, data_loader_config="lowmem")
     dataset = build_dataset(params, data_files["train"], 64, split=0, augment=True)
-    params.update({"crop_size": dataset.box_side - 1})
+    params.update({"crop_size": dataset.spec.box_side - 1})
     dataset = build_dataset(params, data_files["train"], 64, split=0, augment=True)
-    assert all(tuple(dataset.draw((0, index))[0]) == (0, 0, 0) for index in range(64))
+    assert all(tuple(dataset.spec.draw((0, index))[0]) == (0, 0, 0) for index in range(64))
 
 
 def test_synthetic_samples_are_new_random_numbers_for_every_sample(data_files):

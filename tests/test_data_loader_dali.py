@@ -15,7 +15,7 @@ from conftest import dali_installed, needs_dali
 from utils import get_data_loader_distributed, symmetry
 from utils.YParams import YParams
 from utils.convert_h5_to_npy import convert
-from utils.data_loader import CropSampler, InMemoryDataset, build_dataset
+from utils.data_loader import CropSampler, CropSpec, InMemoryDataset, build_dataset
 from utils.data_loader_dali import DaliCropLoader, npy_paths
 from utils.errors import UserError
 
@@ -40,7 +40,7 @@ def h5_with_npy(data_files, tmp_path_factory):
 
 def make_params(files, **changes):
     params = YParams("config/UNet.yaml", "test")
-    params.update({"train_path": files["train"], "val_path": files["valid"], "world_size": 1,
+    params.update({"train_path": files["train"], "val_path": files["valid"],
                    "data_loader_config": "dali-lowmem", "num_data_workers": 2, **changes})
     return params
 
@@ -57,8 +57,8 @@ def assert_bits_equal(actual, expected):
     np.testing.assert_array_equal(actual.view(np.uint32), expected.view(np.uint32))
 
 
-class EveryElement(InMemoryDataset):
-    """The native dataset, except that sample ``index`` gets element ``index % 48``."""
+class EveryElement(CropSpec):
+    """The native crops, except that sample ``index`` gets element ``index % 48``."""
 
     def draw(self, key):
         corner, _ = super().draw(key)
@@ -68,9 +68,9 @@ class EveryElement(InMemoryDataset):
 @needs_dali
 def test_every_element_matches_the_native_augmentation_bit_for_bit(h5_with_npy):
     params = make_params(h5_with_npy, Nsamples=48, global_batch_size=16)
-    reference = EveryElement(params, h5_with_npy["train"], 48, split=0, box_side=48, augment=True)
-    groups = [(4, reference.nbody_vectors), (5, reference.hydro_vectors)]
-    loader = DaliCropLoader(npy_paths(params, 0), groups, reference, CropSampler(48, 1, 0), batch_size=16,
+    spec = EveryElement(**vars(CropSpec.from_params(params, 0, 48, augment=True, source="test")))
+    reference = InMemoryDataset(spec, 48, h5_with_npy["train"])
+    loader = DaliCropLoader(npy_paths(params, 0), spec, CropSampler(48, 1, 0), batch_size=16,
                             drop_last=True, device_id=None, num_threads=2, seed=0)
     samples = [pair for inputs, targets in epoch_batches(loader, 0) for pair in zip(inputs, targets)]
     assert len(samples) == 48
@@ -124,8 +124,8 @@ def test_resume_and_ranks(h5_with_npy):
     assert len(full) == len(resumed) == 2
     for (a, b), (c, d) in zip(batches[2:], resumed):
         assert torch.equal(a, c) and torch.equal(b, d)
-    params = make_params(h5_with_npy, world_size=2)
-    ranks = [get_data_loader_distributed(params, rank, None)[0] for rank in (0, 1)]
+    params = make_params(h5_with_npy)
+    ranks = [get_data_loader_distributed(params, rank, None, world_size=2)[0] for rank in (0, 1)]
     assert [len(loader) for loader in ranks] == [4, 4] and ranks[0].batch_size == 2
     assert not torch.equal(epoch_batches(ranks[0], 0)[0][0], epoch_batches(ranks[1], 0)[0][0])
 

@@ -20,7 +20,7 @@ VECTORS = [(1, 2, 3), (4 + 2, 4 + 3, 4 + 4)]  # nbody's and hydro's velocities i
 
 def make_params(data_files, **changes):
     params = YParams("config/UNet.yaml", "test")
-    params.update({"train_path": data_files["train"], "val_path": data_files["valid"], "world_size": 1,
+    params.update({"train_path": data_files["train"], "val_path": data_files["valid"],
                    "data_loader_config": "gpu-inmem", **changes})
     return params
 
@@ -33,8 +33,9 @@ def epoch_batches(loader, epoch, start=0):
 def native_sample(dataset, corner, element):
     """What the native loader makes of a crop: read_crop, then apply_numpy, input and target."""
     nbody, hydro = dataset.read_crop(corner, key=None)
-    return (symmetry.apply_numpy(nbody, element, dataset.nbody_vectors),
-            symmetry.apply_numpy(hydro, element, dataset.hydro_vectors))
+    (_, nbody_vectors), (_, hydro_vectors) = dataset.spec.channel_groups
+    return (symmetry.apply_numpy(nbody, element, nbody_vectors),
+            symmetry.apply_numpy(hydro, element, hydro_vectors))
 
 
 def assert_bits_equal(actual, expected):
@@ -52,7 +53,7 @@ def native_train(data_files):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_every_element_matches_the_native_loader_bit_for_bit(data_files, native_train, dtype):
     # The native loader's corners for 48 samples, and each of the 48 elements once.
-    corners = np.stack([native_train.draw((0, index))[0] for index in range(48)])
+    corners = np.stack([native_train.spec.draw((0, index))[0] for index in range(48)])
     volume = upload_volume(data_files["train"], torch.device("cpu"), dtype)
     batch = crop_and_augment(volume, torch.from_numpy(corners), torch.arange(48), 32, VECTORS)
     assert batch.shape == (48, 9, 32, 32, 32) and batch.dtype == torch.float32
@@ -128,8 +129,8 @@ def test_epochs_and_seeds_change_the_crops_validation_does_not(data_files):
 
 def test_ranks_draw_different_crops_and_split_the_epoch(data_files):
     # Crop 16: the validation box (side 32) has a single position for a crop of 32.
-    params = make_params(data_files, world_size=2, crop_size=16)
-    loaders = [get_data_loader_distributed(params, rank, None) for rank in (0, 1)]
+    params = make_params(data_files, crop_size=16)
+    loaders = [get_data_loader_distributed(params, rank, None, world_size=2) for rank in (0, 1)]
     assert [train.batch_size for train, _ in loaders] == [2, 2]
     assert [len(train) for train, _ in loaders] == [4, 4]  # 16 samples / (2 ranks x 2)
     for which in (0, 1):  # training and validation

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from conftest import ROOT
-from utils import figures
+from figures import tutorial_images as figures
 
 pytestmark = pytest.mark.slow
 

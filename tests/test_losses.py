@@ -20,7 +20,7 @@ def test_eager_script_and_compiled_losses_agree(lambda_rho):
     target = torch.rand(2, 5, 8, 8, 8) * 2 - 1
     results = {}
     for mode in ("none", "script", "compile"):
-        _, params = load_params(["--config=test", f"--jit_mode={mode}", f"--lambda_rho={lambda_rho}"])
+        params = load_params(["--config=test", f"--jit_mode={mode}", f"--lambda_rho={lambda_rho}"])
         results[mode] = loss_and_grad(build_loss(params), prediction, target)
     for mode in ("script", "compile"):
         torch.testing.assert_close(results[mode][0], results["none"][0], rtol=1e-5, atol=1e-6)
@@ -38,6 +38,6 @@ def test_the_density_term_weighs_the_physical_density():
 
 
 def test_enable_jit_means_a_torchscript_loss():
-    _, params = load_params(["--config=test", "--enable_jit"])
+    params = load_params(["--config=test", "--enable_jit"])
     assert params.jit_mode == "script"
     assert isinstance(build_loss(params).func, torch.jit.ScriptFunction)

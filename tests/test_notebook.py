@@ -2,7 +2,7 @@
 
 A tiny training run of train.py provides the log directory. The notebook's TensorBoard must answer
 on localhost and list that run; then Debian's Chromium, driven by Playwright through the code of
-utils/tensorboard_screenshot.py, must find the run's ``Loss/valid`` chart drawn on the scalars page.
+figures/tensorboard_screenshot.py, must find the run's ``Loss/valid`` chart drawn on the scalars page.
 """
 import contextlib
 import gc
@@ -29,7 +29,7 @@ from conftest import ROOT, run_train
 from utils.errors import UserError
 from utils.tensorboard_launch import (LOGDIR_VARIABLE, default_logdir, is_running, jupyterhub_proxy_url,
                                       open_local, start_tensorboard, stop_tensorboard)
-from utils.tensorboard_screenshot import group_filter, scalars_url, screenshot_scalars
+from figures.tensorboard_screenshot import group_filter, scalars_url, screenshot_scalars
 
 pytestmark = pytest.mark.slow
 NOTEBOOK = os.path.join(ROOT, "start_tensorboard.ipynb")
@@ -183,14 +183,14 @@ def test_the_screenshot_tool_makes_the_tutorial_image(logdir, tmp_path):
     ensure_chromium()
     out = tmp_path / "images" / "tensorboard_scalars.png"
     own_logdir = os.path.join(logdir, "test", "1CPU")  # so its TensorBoard is told apart from others
-    result = subprocess.run([sys.executable, "-m", "utils.tensorboard_screenshot", "--logdir", own_logdir,
+    result = subprocess.run([sys.executable, "-m", "figures.tensorboard_screenshot", "--logdir", own_logdir,
                              "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"Wrote {out}" in result.stdout
     check_screenshot(out)
     assert not tensorboards_serving(own_logdir)  # stopped again
 
-    result = subprocess.run([sys.executable, "-m", "utils.tensorboard_screenshot", "--logdir", own_logdir,
+    result = subprocess.run([sys.executable, "-m", "figures.tensorboard_screenshot", "--logdir", own_logdir,
                              "--out", str(tmp_path / "none.png"), "--tag", "Loss/none", "--timeout", "10"],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "Loss/valid" in result.stderr  # names the tags there are

@@ -13,7 +13,7 @@ CPU = torch.device("cpu")
 
 
 def params_with(*overrides):
-    return load_params(["--config=test", *overrides])[1]
+    return load_params(["--config=test", *overrides])
 
 
 def test_plain_adam_by_default():

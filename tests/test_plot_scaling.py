@@ -1,4 +1,4 @@
-"""benchmarks/scaling.py and utils/plot_scaling.py on benchmark files that real CPU runs (1 and 2 gloo ranks,
+"""benchmarks/scaling.py and benchmarks/plot_scaling.py on benchmark files that real CPU runs (1 and 2 gloo ranks,
 with and without --noddp) write, and on files with known throughputs."""
 import argparse
 import datetime
@@ -7,7 +7,8 @@ import json
 import pytest
 
 from benchmarks import scaling
-from utils import figures, plot_scaling
+from benchmarks import plot_scaling
+from figures import tutorial_images as figures
 
 pytestmark = pytest.mark.slow
 

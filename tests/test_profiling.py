@@ -2,16 +2,16 @@
 import glob
 import json
 import logging
-import math
 
 import pytest
 import torch
 
 from utils import profiling
+from utils.distributed import World
 from utils.errors import UserError
-from utils.profiling import (Profiling, annotate, check_profiling_options, default_profile_window,
-                             disable_annotations, enable_annotations)
-from utils.YParams import YParams
+from utils.profiling import (DEFAULT_WINDOWS, Profiling, annotate, check_profiling_options, disable_annotations,
+                             enable_annotations)
+from utils.YParams import YParams, load_params
 
 CPU = torch.profiler.ProfilerActivity.CPU
 
@@ -26,9 +26,11 @@ def annotations_off():
 
 def params_for(**overrides):
     params = YParams("config/UNet.yaml", "test")
-    params.update(overrides)
-    default_profile_window(params)
+    params.update({**DEFAULT_WINDOWS["train.py"], **overrides})
     return params
+
+
+MAIN, OTHER = World(2, 0, 0), World(2, 1, 1)
 
 
 def recorded_names(function):
@@ -39,11 +41,6 @@ def recorded_names(function):
 
 def tiny_op():
     return torch.ones(8) * 2
-
-
-@annotate("decorated op")
-def decorated_op():
-    return tiny_op()
 
 
 def train_loop(profiler, epochs, steps_per_epoch):
@@ -60,7 +57,7 @@ def train_loop(profiler, epochs, steps_per_epoch):
 
 # ----------------------------------------------------------------------------- annotate
 
-def test_annotate_records_named_ranges_as_context_and_decorator_when_on():
+def test_annotate_records_named_ranges_when_on():
     enable_annotations()
 
     def work():
@@ -68,32 +65,27 @@ def test_annotate_records_named_ranges_as_context_and_decorator_when_on():
             tiny_op()
         with annotate("step", 7):
             tiny_op()
-        decorated_op()  # decorated at import, while off: the switch is read at call time
 
     names = recorded_names(work)
-    assert {"forward", "step 7", "decorated op"} <= names
+    assert {"forward", "step 7"} <= names
 
 
-def test_annotate_when_off_records_nothing_and_reuses_one_object(monkeypatch):
+def test_annotate_when_off_is_one_shared_null_context(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("record_function called while profiling is off")
 
     monkeypatch.setattr(torch.profiler, "record_function", refuse)
-    assert annotate("forward") is annotate("forward")  # nothing allocated per call
-    assert annotate("step", 1) is annotate("step", 2)  # the index is not even formatted
-    with annotate("forward") as inactive:
-        tiny_op()
-    assert inactive is annotate("forward")
-    assert decorated_op().sum() == 16
+    assert annotate("forward") is annotate("step", 2)  # nothing allocated, the index not even formatted
+    with annotate("forward"):
+        assert tiny_op().sum() == 16
 
 
 def test_annotate_off_leaves_profiler_traces_clean():
     def work():
         with annotate("forward"):
             tiny_op()
-        decorated_op()
 
-    assert not {"forward", "decorated op"} & recorded_names(work)
+    assert "forward" not in recorded_names(work)
 
 
 def test_nvtx_is_never_called_on_cpu(monkeypatch, tmp_path, caplog):
@@ -103,7 +95,7 @@ def test_nvtx_is_never_called_on_cpu(monkeypatch, tmp_path, caplog):
     monkeypatch.setattr(torch.cuda.profiler, "start", lambda: calls.append("start"))
     caplog.set_level(logging.INFO)
     profiler = Profiling(params_for(enable_manual_profiling=True, profile_start_epoch=1, profile_steps=2),
-                         True, torch.device("cpu"), str(tmp_path), steps_per_epoch=3)
+                         MAIN, torch.device("cpu"), str(tmp_path), steps_per_epoch=3)
     assert profiling.annotations_enabled()
     names = recorded_names(lambda: train_loop(profiler, epochs=1, steps_per_epoch=3))
     assert calls == []
@@ -120,10 +112,10 @@ def test_nvtx_request_on_a_cpu_build_falls_back_to_profiler_ranges():
 
 # ----------------------------------------------------------------------------- the controller
 
-def test_everything_off_costs_one_comparison(tmp_path, monkeypatch):
-    profiler = Profiling(params_for(), True, torch.device("cpu"), str(tmp_path), steps_per_epoch=4)
-    assert profiler._next_event == math.inf
-    monkeypatch.setattr(profiler, "_advance", lambda step: pytest.fail("step() did work while off"))
+def test_everything_off_costs_one_test(tmp_path, monkeypatch):
+    profiler = Profiling(params_for(), MAIN, torch.device("cuda"), str(tmp_path), steps_per_epoch=4)
+    assert not profiler.active
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: pytest.fail("step() did work while off"))
     train_loop(profiler, epochs=2, steps_per_epoch=4)
     assert not profiling.annotations_enabled()
     assert list(tmp_path.iterdir()) == []
@@ -131,7 +123,7 @@ def test_everything_off_costs_one_comparison(tmp_path, monkeypatch):
 
 def test_torch_profiler_traces_exactly_the_window(tmp_path):
     params = params_for(profiler="torch", profile_start_epoch=2, profile_steps=2, num_epochs=3)
-    profiler = Profiling(params, True, torch.device("cpu"), str(tmp_path), steps_per_epoch=3)
+    profiler = Profiling(params, MAIN, torch.device("cpu"), str(tmp_path), steps_per_epoch=3)
     train_loop(profiler, epochs=3, steps_per_epoch=3)  # the window: global steps 3 and 4
 
     traces = glob.glob(str(tmp_path / "profile" / "*.pt.trace.json"))
@@ -145,7 +137,7 @@ def test_torch_profiler_traces_exactly_the_window(tmp_path):
 @pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")  # a window from step 0 has none
 def test_torch_profiler_window_cut_short_is_still_written(tmp_path):
     params = params_for(profiler="torch", profile_start_epoch=1, profile_steps=50, num_epochs=20)
-    profiler = Profiling(params, True, torch.device("cpu"), str(tmp_path), steps_per_epoch=3)
+    profiler = Profiling(params, MAIN, torch.device("cpu"), str(tmp_path), steps_per_epoch=3)
     train_loop(profiler, epochs=1, steps_per_epoch=3)  # the run ends (or fails) inside the window
     with open(profiler.trace_files[0]) as f:
         names = {event.get("name") for event in json.load(f)["traceEvents"]}
@@ -154,9 +146,26 @@ def test_torch_profiler_window_cut_short_is_still_written(tmp_path):
 
 def test_torch_profiler_runs_on_rank_0_only(tmp_path):
     params = params_for(profiler="torch", profile_start_epoch=1, profile_steps=2)
-    profiler = Profiling(params, False, torch.device("cpu"), str(tmp_path), steps_per_epoch=3)
+    profiler = Profiling(params, OTHER, torch.device("cpu"), str(tmp_path), steps_per_epoch=3)
     train_loop(profiler, epochs=1, steps_per_epoch=3)
     assert not (tmp_path / "profile").exists()
+
+
+@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
+@pytest.mark.parametrize("start_step, traced", [(4, {"step 4"}), (2, {"step 3", "step 4"}), (5, set())])
+def test_a_resumed_run_traces_what_is_left_of_the_window(tmp_path, start_step, traced):
+    params = params_for(profiler="torch", profile_start_epoch=2, profile_steps=2, num_epochs=3)
+    profiler = Profiling(params, MAIN, torch.device("cpu"), str(tmp_path), steps_per_epoch=3, start_step=start_step)
+    with profiler:
+        for step in range(start_step, 9):
+            profiler.step(step)
+            with annotate("step", step):
+                tiny_op()
+    names = set()
+    for path in profiler.trace_files:
+        with open(path) as f:
+            names |= {e["name"] for e in json.load(f)["traceEvents"] if e.get("name", "").startswith("step ")}
+    assert names == traced and len(profiler.trace_files) == (1 if traced else 0)
 
 
 def fake_cuda(monkeypatch, calls, current_step):
@@ -167,6 +176,8 @@ def fake_cuda(monkeypatch, calls, current_step):
 
     def record(*args, enabled="all", **kwargs):
         calls.append(("record" if enabled else "stop recording", current_step[0]))
+        if enabled:
+            assert kwargs.get("stacks") == "python"  # C++ stacks take minutes to symbolise
 
     def dump(path):
         calls.append(("dump", current_step[0]))
@@ -184,31 +195,32 @@ def run_steps(profiler, steps, current_step):
             profiler.step(step)
 
 
-@pytest.mark.parametrize("is_main", [True, False])
-def test_cuda_profiler_window_opens_at_start_epoch_on_rank_0(tmp_path, monkeypatch, is_main):
+@pytest.mark.parametrize("world", [MAIN, OTHER])
+def test_cuda_profiler_window_opens_at_start_epoch_on_every_rank(tmp_path, monkeypatch, world):
+    """Every rank opens the window: under Slurm each rank's nsys writes its own report."""
     calls, current = [], [None]
     fake_cuda(monkeypatch, calls, current)
     params = params_for(enable_manual_profiling=True, profile_start_epoch=2, profile_steps=3, num_epochs=3)
-    profiler = Profiling(params, is_main, torch.device("cuda"), str(tmp_path), steps_per_epoch=4)
+    profiler = Profiling(params, world, torch.device("cuda"), str(tmp_path), steps_per_epoch=4)
     run_steps(profiler, 12, current)
     # Epoch 2 (1-based) begins at global step 4; stop() comes before step 7, after 3 steps.
-    assert calls == ([("start", 4), ("stop", 7)] if is_main else [])
+    assert calls == [("start", 4), ("stop", 7)]
 
 
 def test_memory_snapshot_records_the_first_steps_and_dumps_once(tmp_path, monkeypatch):
     calls, current = [], [None]
     fake_cuda(monkeypatch, calls, current)
     params = params_for(memory_snapshot=True, memory_snapshot_steps=3)
-    profiler = Profiling(params, True, torch.device("cuda"), str(tmp_path), steps_per_epoch=4)
+    profiler = Profiling(params, MAIN, torch.device("cuda"), str(tmp_path), steps_per_epoch=4)
     run_steps(profiler, 8, current)
-    assert calls == [("record", 0), ("dump", 3), ("stop recording", 3)]
+    assert calls == [("record", None), ("dump", 3), ("stop recording", 3)]  # recording starts before step 0
     assert (tmp_path / "memory_snapshot.pickle").read_bytes() == b"snapshot"
 
 
 def test_memory_snapshot_is_dumped_on_out_of_memory(tmp_path, monkeypatch):
     calls, current = [], [None]
     fake_cuda(monkeypatch, calls, current)
-    profiler = Profiling(params_for(memory_snapshot=True, memory_snapshot_steps=100), True,
+    profiler = Profiling(params_for(memory_snapshot=True, memory_snapshot_steps=100), MAIN,
                          torch.device("cuda"), str(tmp_path), steps_per_epoch=4)
     with pytest.raises(torch.cuda.OutOfMemoryError):
         with profiler:
@@ -225,11 +237,11 @@ def test_memory_snapshot_on_cpu_logs_and_does_nothing_else(tmp_path, monkeypatch
     monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", refuse)
     monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", refuse)
     caplog.set_level(logging.INFO)
-    profiler = Profiling(params_for(memory_snapshot=True), True, torch.device("cpu"), str(tmp_path),
+    profiler = Profiling(params_for(memory_snapshot=True), MAIN, torch.device("cpu"), str(tmp_path),
                          steps_per_epoch=4)
     train_loop(profiler, epochs=2, steps_per_epoch=4)
     assert "CUDA memory snapshots need a GPU" in caplog.text
-    assert profiler._next_event == math.inf
+    assert not profiler.active
     assert list(tmp_path.iterdir()) == []
 
 
@@ -270,10 +282,7 @@ def test_range_name_recovers_what_annotate_was_given():
 def test_the_default_windows_are_the_original_tutorials():
     """Null in the config: train.py profiles the 4th epoch for 60 steps, train_graph.py the 2nd for 30."""
     for script, window in (("train.py", (4, 60)), ("train_graph.py", (2, 30))):
-        params = YParams("config/UNet.yaml", "test")
-        default_profile_window(params, script)
+        params = load_params(["--config=test"], null_defaults=DEFAULT_WINDOWS[script])
         assert (params.profile_start_epoch, params.profile_steps) == window
-    params = YParams("config/UNet.yaml", "test")
-    params.update({"profile_steps": 7})  # what the user gives stays
-    default_profile_window(params, "train_graph.py")
-    assert (params.profile_start_epoch, params.profile_steps) == (2, 7)
+    params = load_params(["--config=test", "--profile_steps=7"], null_defaults=DEFAULT_WINDOWS["train_graph.py"])
+    assert (params.profile_start_epoch, params.profile_steps) == (2, 7)  # what the user gives stays

@@ -380,7 +380,7 @@ RUN = {
         append=TINY, check=check_run("demo", devices="2CPU", global_batch_size=16, warmup_steps=32,
                                      ddp_comm_hook="bf16")),
     # Its inputs come from the sbatch loop above; here from two real one-rank CPU benchy runs.
-    "python -m utils.plot_scaling --ddp scaling/ddp_*.json --noddp scaling/noddp_*.json --out scaling.png": Run(
+    "python -m benchmarks.plot_scaling --ddp scaling/ddp_*.json --noddp scaling/noddp_*.json --out scaling.png": Run(
         before=(benchy_run("ddp_1"), benchy_run("noddp_1", "--noddp")),
         env={"BENCHY_CONFIG_FILE": "{scratch}/benchy.yaml"}, check=check_png("scaling.png")),
 }

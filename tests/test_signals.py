@@ -21,7 +21,7 @@ def send_from_another_process(signum, pids):
 @pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
 def test_loader_workers_leave_stop_signals_to_the_main_process(data_files, start_method):
     params = YParams("config/UNet.yaml", "test")
-    params.update({"train_path": data_files["train"], "val_path": data_files["valid"], "world_size": 1,
+    params.update({"train_path": data_files["train"], "val_path": data_files["valid"],
                    "num_data_workers": 2, "Nsamples": 48})
     loader, _ = get_data_loader_distributed(params, 0, None)
     loader.multiprocessing_context = start_method

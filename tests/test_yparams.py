@@ -12,8 +12,8 @@ ORIGINAL_CONFIGS = ("base", "short", "short_opt", "bs64_opt", "bs256_opt", "bs51
 
 @pytest.mark.parametrize("name", ORIGINAL_CONFIGS + ("demo", "demo_bs32_test", "demo_bs32_opt", "test"))
 def test_every_config_loads_and_validates(name):
-    options, params = load_params([f"--config={name}"])
-    assert options["config"] == name
+    params = load_params([f"--config={name}"])
+    assert params.config == name
     assert params.global_batch_size > 0 and params.crop_size > 0
 
 
@@ -34,13 +34,13 @@ def test_attribute_access_and_update():
 
 
 def test_override_forms_and_yaml_values():
-    options, params = load_params(["--config=demo", "--num_epochs", "3", "--start_lr=1e-3", "--device=cpu",
+    params = load_params(["--config=demo", "--num_epochs", "3", "--start_lr=1e-3", "--device=cpu",
                                    "--nbody_vector_channels=[1,2,3]", "--noddp", "--run_num=01", "--resume"])
     assert params.num_epochs == 3 and isinstance(params.num_epochs, int)
     assert params.start_lr == 1e-3 and isinstance(params.start_lr, float)
     assert params.device == "cpu" and params.noddp is True
     assert params.nbody_vector_channels == [1, 2, 3]
-    assert options["run_num"] == "01" and options["resume"] is True
+    assert params.run_num == "01" and params.resume is True
 
 
 def test_original_flags_keep_their_names():
@@ -121,11 +121,29 @@ def test_the_original_configs_keep_the_originals_values(name):
 
 def test_the_original_flags_keep_their_defaults():
     """train.py's argparse defaults in the original, for a command line that names only the config."""
-    options, params = load_params(["--config=base"])
-    assert (options["run_num"], options["yaml_config"], options["local_batch_size"]) == ("00", CONFIG, None)
-    assert load_params([])[0]["config"] == "base"
+    params = load_params(["--config=base"])
+    assert (params.run_num, params.yaml_config, params.local_batch_size) == ("00", CONFIG, None)
+    assert load_params([]).config == "base"
     assert params.bucket_cap_mb == 25 and not params.disable_broadcast_buffers and not params.noddp
     assert not (params.enable_manual_profiling or params.enable_benchy or params.enable_apex or params.enable_jit)
     assert params.amp_mode == "none"
-    _, params = load_params(["--config=base", "--amp_mode=bf16", "--data_loader_config=inmem"])
+    params = load_params(["--config=base", "--amp_mode=bf16", "--data_loader_config=inmem"])
     assert (params.amp_mode, params.data_loader_config) == ("bf16", "inmem")
+
+
+def test_the_run_options_and_the_config_are_resolved_into_one_object():
+    """--local_batch_size sets the global batch for the world size; the nulls the caller fills are filled."""
+    params = load_params(["--config=demo", "--local_batch_size=3", "--run_num=x"], world_size=2,
+                         null_defaults={"profile_start_epoch": 4, "profile_steps": 60})
+    assert (params.global_batch_size, params.local_batch_size, params.run_num) == (6, 3, "x")
+    assert (params.profile_start_epoch, params.profile_steps) == (4, 60)
+    assert list(params.to_dict())[:5] == ["yaml_config", "config", "run_num", "resume", "local_batch_size"]
+    params = load_params(["--config=demo", "--profile_steps=7"], null_defaults={"profile_steps": 60})
+    assert params.profile_steps == 7  # what the user gives stays
+
+
+def test_a_global_batch_that_does_not_divide_over_the_ranks_is_refused():
+    with pytest.raises(UserError, match="global_batch_size=8 does not divide over 3 ranks"):
+        load_params(["--config=demo"], world_size=3)
+    with pytest.raises(UserError, match="--local_batch_size=0 is invalid"):
+        load_params(["--config=demo", "--local_batch_size=0"], world_size=2)

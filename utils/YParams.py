@@ -106,7 +106,8 @@ class YParams:
         logging.info("Configuration file: %s", os.path.abspath(self.yaml_filename))
         logging.info("Configuration name: %s", self.config_name)
         for key, value in self._params.items():
-            logging.info("%s %s", key, value)
+            if key not in ("yaml_config", "config"):  # named on the two lines above
+                logging.info("%s %s", key, value)
         logging.info("---------------------------------------------------")
 
 
@@ -143,8 +144,15 @@ def parse_command_line(argv):
     return {**RUN_OPTIONS, **options}, overrides
 
 
-def load_params(argv):
-    """The run options and the validated config for a command line such as ``train.py``'s."""
+def load_params(argv, world_size=1, null_defaults=None):
+    """The run's configuration, resolved once: what every other part of the run reads.
+
+    The named config with the command line's overrides applied and validated, and the run options
+    (``config``, ``run_num``, ``resume``, ...) beside its keys. Resolved here: ``--local_batch_size``
+    into ``global_batch_size`` (``world_size`` times it, as in the original tutorial), the keys the
+    config leaves null that ``null_defaults`` gives a value (the profiling window of the script that
+    runs), and ``--enable_jit`` into ``jit_mode``.
+    """
     options, overrides = parse_command_line(argv)
     params = YParams(options["yaml_config"], str(options["config"]))
     for key, value in overrides.items():
@@ -153,10 +161,22 @@ def load_params(argv):
                             f" Every key of the config can be overridden as --key=value; the keys of "
                             f"'{params.config_name}' are listed in {params.yaml_filename}.")
         params[key] = coerce(key, value, params[key])
+    local = options["local_batch_size"]
+    if local is not None:
+        if not isinstance(local, int) or isinstance(local, bool) or local < 1:
+            raise UserError(f"--local_batch_size={local} is invalid: it must be a positive integer.")
+        params["global_batch_size"] = world_size * local
     validate(params)
+    if params.global_batch_size % world_size:
+        raise UserError(f"global_batch_size={params.global_batch_size} does not divide over {world_size} "
+                        f"ranks. Choose a multiple of {world_size}, or set --local_batch_size instead.")
+    for key, value in (null_defaults or {}).items():
+        if params.get(key) is None:
+            params[key] = value
     if params.get("enable_jit") and params.get("jit_mode") == "none":
         params["jit_mode"] = "script"  # the original's --enable_jit: a TorchScript-fused loss
-    return options, params
+    params._params = {**options, **params._params}  # one object: the run options first, as config.yaml lists them
+    return params
 
 
 def coerce(key, value, default):

@@ -8,32 +8,28 @@ import math
 NATIVE_LOADERS = ("synthetic", "inmem", "lowmem")
 
 
-def get_data_loader_distributed(params, world_rank, device_id=None):
-    """``(train_loader, val_loader)`` for ``params.data_loader_config``, this rank's share.
+def get_data_loader_distributed(params, world_rank, device=None, world_size=1):
+    """``(train_loader, val_loader)`` for ``params.data_loader_config``: rank ``world_rank``'s share.
 
-    ``device_id`` is the training device (a ``torch.device`` or a CUDA index); on a GPU the native
-    loaders pin their batches so that the copy to the device can overlap with compute, ``gpu-inmem``
-    keeps the volumes on it and cuts the crops there, and ``dali-lowmem`` augments there.
+    ``device`` is the training device (a ``torch.device``; None is the CPU). On a GPU the native
+    loaders pin their batches so that the copy to the device can overlap with compute,
+    ``gpu-inmem`` keeps the volumes on it and cuts the crops there, and ``dali-lowmem`` augments
+    there. ``world_size`` ranks share each epoch's samples.
     """
-    world_size = params.get("world_size")
-    if world_size is None:  # called without train.py, which records it: ask the process group
-        import torch.distributed as dist
-
-        world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     kind = params.data_loader_config
     if kind in NATIVE_LOADERS:
         from utils.data_loader import get_data_loaders
 
-        on_gpu = isinstance(device_id, int) or getattr(device_id, "type", None) == "cuda"
+        on_gpu = device is not None and device.type == "cuda"
         return get_data_loaders(params, world_rank, world_size, pin_memory=on_gpu)
     if kind == "gpu-inmem":
         from utils.data_loader_gpu import get_data_loaders
 
-        return get_data_loaders(params, world_rank, world_size, device_id)
+        return get_data_loaders(params, world_rank, world_size, device)
     if kind == "dali-lowmem":
         from utils.data_loader_dali import get_data_loaders  # DALI itself is imported only in there
 
-        return get_data_loaders(params, world_rank, world_size, device_id)
+        return get_data_loaders(params, world_rank, world_size, device)
     raise ValueError(f"unknown data_loader_config {kind!r}")  # YParams.validate refuses it earlier
 
 

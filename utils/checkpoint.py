@@ -1,4 +1,4 @@
-"""Checkpoints that survive interruption, and the signals that ask for one.
+"""Checkpoints that survive interruption.
 
 A checkpoint holds everything needed to continue exactly: the bare model's full weights, the
 optimiser and gradient-scaler states, the position (epoch, step, batches done in the epoch), the
@@ -9,13 +9,10 @@ the previous checkpoint or the new one, never half of one. It is read back with
 stored as on one device, whatever the run's parallelism (under FSDP rank 0 gathers the shards),
 so a checkpoint moves freely between one device, DDP and FSDP.
 """
-import logging
-import os
-import signal
-
 import torch
 
-from utils.distributed import World, agree_to_stop, full_state_dicts, load_full_state_dicts
+from utils.distributed import World, full_state_dicts, load_full_state_dicts
+from utils.files import atomic_path
 
 CHECKPOINT_NAME = "checkpoint.pt"
 
@@ -38,16 +35,8 @@ def save_checkpoint(path, model, optimizer, scaler, position, params, world=Worl
         },
         "params": params.to_dict(),
     }
-    temporary = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(temporary, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())  # on disk before the rename makes it the checkpoint
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
+    with atomic_path(path) as temporary:
+        torch.save(payload, temporary)
 
 
 def load_checkpoint(path, model, optimizer, scaler):
@@ -82,32 +71,3 @@ def with_implementation(optimizer_state, optimizer):
     groups = [{**saved, **{flag: live[flag] for flag in IMPLEMENTATION_FLAGS if flag in live}}
               for saved, live in zip(optimizer_state["param_groups"], optimizer.param_groups)]
     return {**optimizer_state, "param_groups": groups}
-
-
-class StopSignals:
-    """Remembers a SIGTERM or SIGUSR1 (a batch system's warning before the time limit).
-
-    The handler only records the signal; the training loop asks :meth:`agreed` between steps,
-    saves a checkpoint and stops, so no step is left half done. With several ranks they must all
-    stop at the same step (a rank that went on would wait forever in its next all-reduce), so
-    ``agreed`` asks the others: one tiny all-reduce, which is why the loop asks only every few steps.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-    def __init__(self, world=World(), device=torch.device("cpu")):
-        self.world, self.device = world, device
-        self.received = None
-        for signum in self.SIGNALS:
-            signal.signal(signum, self._handle)
-
-    def _handle(self, signum, frame):
-        first, self.received = self.received is None, self.received or signum  # the first signal decides
-        if first:
-            logging.info("Received %s: stopping after this step with a checkpoint.", signal.Signals(signum).name)
-
-    def agreed(self):
-        """Whether any rank received a stop signal (on one rank: whether this one did, no communication)."""
-        if self.world.size > 1 and agree_to_stop(self.received is not None, self.world, self.device):
-            self.received = self.received or signal.SIGTERM  # another rank got the signal
-        return self.received is not None

@@ -21,6 +21,7 @@ import h5py
 import numpy as np
 
 from utils.errors import UserError, exit_on_user_error
+from utils.files import atomic_path
 
 SLAB_BYTES = 64 * 2**20  # read and write about this much at a time
 
@@ -90,8 +91,7 @@ def make_writable_dir(path, what):
 def write_channel_last(dataset, path):
     """Write ``dataset`` (C, D, H, W) to ``path`` as a (D, H, W, C) float32 .npy, atomically."""
     channels, depth, height, width = dataset.shape
-    temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
+    with atomic_path(path) as temporary:
         out = np.lib.format.open_memmap(
             temporary, mode="w+", dtype=np.float32, shape=(depth, height, width, channels)
         )
@@ -102,11 +102,6 @@ def write_channel_last(dataset, path):
             out[start:stop] = np.moveaxis(dataset[:, start:stop], 0, -1)
         out.flush()
         del out  # close the memory map before the rename
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
 
 
 def convert(h5_path, out_dir=None, data_key="Nbody", label_key="Hydro", force=False):

@@ -16,36 +16,24 @@ resumed run sees exactly the crops the interrupted one would have seen. Validati
 same crops at every pass (epoch key 0, no augmentation), so its losses compare across epochs.
 
 Signals: the worker processes leave SIGTERM and SIGUSR1 to the main process, even when the batch
-system sends them to every process of the job (:class:`ShieldedDataLoader`).
+system sends them to every process of the job (:class:`utils.signals.ShieldedDataLoader`).
 """
-import functools
 import os
-import signal
-import threading
-from multiprocessing import resource_tracker
+from dataclasses import dataclass
 
 import h5py
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler
 
 from utils import symmetry
-from utils.checkpoint import StopSignals
 from utils.errors import UserError
+from utils.signals import ShieldedDataLoader
 
 TRAIN_SPLIT, VALID_SPLIT = 0, 1
 MAKE_DATA = ("Make the synthetic data set with `python -m utils.generate_data` (it writes "
              "data/synthetic_train.h5 and data/synthetic_valid.h5), or point --train_path and "
              "--val_path at HDF5 files in the real data set's layout.")
-
-
-def corner_high(box_side, crop_size):
-    """Crop corners are drawn uniformly from [0, corner_high) per axis.
-
-    As in the original, the last possible corner, L - S, is never drawn; a crop as large as the
-    box (where the original fails) sits at 0.
-    """
-    return max(box_side - crop_size, 1)
 
 
 def inspect_volume(path, n_in, n_out):
@@ -117,80 +105,111 @@ class CropSampler(DistributedSampler):
         return super().__len__() - self.start
 
 
-class RandomCropDataset(Dataset):
-    """Random crops plus one symmetry element; subclasses say where the voxels come from."""
+@dataclass(frozen=True)
+class CropSpec:
+    """How every loader kind cuts and turns a sample; one per split, read by all three loader modules.
 
-    def __init__(self, params, num_samples, split, box_side, augment):
-        self.num_samples = num_samples
-        self.crop_size = params.crop_size
-        self.box_side = box_side
-        self.seed = params.seed
-        self.split = split
-        self.elements = symmetry.group(params.augment if augment else "none")
-        self.nbody_vectors = [tuple(params.nbody_vector_channels)] if params.nbody_vector_channels else []
-        self.hydro_vectors = [tuple(params.hydro_vector_channels)] if params.hydro_vector_channels else []
+    A sample is the ``crop_size``^3 window at a corner drawn uniformly from [0, L - S) per axis (as
+    in the original; a crop as large as the box, where the original fails, sits at 0), the same
+    for input and target, turned by an element drawn from ``elements``, vector channels included.
+    """
+
+    crop_size: int
+    box_side: int
+    seed: int
+    split: int
+    elements: tuple
+    channel_groups: tuple  # ((channels, velocity triplets) of the input, then of the target)
+
+    @classmethod
+    def from_params(cls, params, split, box_side, augment, source):
+        """The split's specification; refuses a crop larger than the box of ``source`` (a file)."""
+        if params.crop_size > box_side:
+            raise UserError(f"crop_size={params.crop_size} is larger than the box side {box_side} of {source}. "
+                            f"Use --crop_size={box_side} or less, or a larger box (python -m "
+                            f"utils.generate_data --train_size ... --val_size ... --force).")
+
+        def triplets(channels):
+            return (tuple(channels),) if channels else ()
+
+        return cls(params.crop_size, box_side, params.seed, split,
+                   tuple(symmetry.group(params.augment if augment else "none")),
+                   ((params.N_in_channels, triplets(params.nbody_vector_channels)),
+                    (params.N_out_channels, triplets(params.hydro_vector_channels))))
+
+    @property
+    def corner_high(self):
+        """Corners are drawn from [0, corner_high) per axis."""
+        return max(self.box_side - self.crop_size, 1)
+
+    def draw(self, key):
+        """The crop corner and symmetry element of sample ``key = (epoch, index)``: a pure function of the key."""
+        epoch, index = key
+        rng = np.random.default_rng((self.seed, self.split, epoch, index))
+        corner = rng.integers(0, self.corner_high, size=3)
+        element = self.elements[rng.integers(len(self.elements))]
+        return corner, element
+
+    def window(self, corner):
+        """The index of the crop at ``corner`` in a channel-first volume."""
+        return (slice(None), *(slice(int(c), int(c) + self.crop_size) for c in corner))
+
+
+class RandomCropDataset(Dataset):
+    """Samples cut and turned as ``spec`` says; subclasses say where the voxels come from."""
+
+    def __init__(self, spec, num_samples):
+        self.spec, self.num_samples = spec, num_samples
 
     def __len__(self):
         return self.num_samples
-
-    def draw(self, key):
-        """The crop corner and symmetry element of sample ``key = (epoch, index)``."""
-        epoch, index = key
-        rng = np.random.default_rng((self.seed, self.split, epoch, index))
-        corner = rng.integers(0, corner_high(self.box_side, self.crop_size), size=3)
-        element = self.elements[rng.integers(len(self.elements))]
-        return corner, element
 
     def read_crop(self, corner, key):
         """Input and target voxels of sample ``key``'s crop at ``corner``, channel first, float32."""
         raise NotImplementedError
 
-    def crop_slices(self, corner):
-        return tuple(slice(int(c), int(c) + self.crop_size) for c in corner)
-
     def __getitem__(self, key):
-        corner, element = self.draw(key)
+        corner, element = self.spec.draw(key)
         nbody, hydro = self.read_crop(corner, key)
-        nbody = symmetry.apply_numpy(nbody, element, self.nbody_vectors)
-        hydro = symmetry.apply_numpy(hydro, element, self.hydro_vectors)
+        (_, nbody_vectors), (_, hydro_vectors) = self.spec.channel_groups
+        nbody = symmetry.apply_numpy(nbody, element, nbody_vectors)
+        hydro = symmetry.apply_numpy(hydro, element, hydro_vectors)
         return torch.from_numpy(nbody), torch.from_numpy(hydro)
 
 
 class SyntheticDataset(RandomCropDataset):
     """Normal random numbers in place of the data, new for every sample: no file access."""
 
-    def __init__(self, params, num_samples, split, augment):
-        super().__init__(params, num_samples, split, box_side=params.crop_size, augment=augment)
-        self.n_in, self.n_out = params.N_in_channels, params.N_out_channels
-
     def read_crop(self, corner, key):
-        rng = np.random.default_rng((self.seed, self.split, *key, 1))
-        shape = (self.crop_size,) * 3
-        nbody = rng.standard_normal(size=(self.n_in, *shape), dtype=np.float32)
-        hydro = rng.standard_normal(size=(self.n_out, *shape), dtype=np.float32)
+        rng = np.random.default_rng((self.spec.seed, self.spec.split, *key, 1))
+        shape = (self.spec.crop_size,) * 3
+        (n_in, _), (n_out, _) = self.spec.channel_groups
+        nbody = rng.standard_normal(size=(n_in, *shape), dtype=np.float32)
+        hydro = rng.standard_normal(size=(n_out, *shape), dtype=np.float32)
         return nbody, hydro
 
 
 class InMemoryDataset(RandomCropDataset):
     """Both volumes read into memory when the loader is built."""
 
-    def __init__(self, params, path, num_samples, split, box_side, augment):
-        super().__init__(params, num_samples, split, box_side, augment)
-        check_host_memory(path, box_side, params.N_in_channels + params.N_out_channels, 4, "inmem")
+    def __init__(self, spec, num_samples, path):
+        super().__init__(spec, num_samples)
+        channels = sum(n for n, _ in spec.channel_groups)
+        check_host_memory(path, spec.box_side, channels, 4, "inmem")
         with h5py.File(path, "r") as f:
             self.nbody = f["Nbody"][...].astype(np.float32, copy=False)
             self.hydro = f["Hydro"][...].astype(np.float32, copy=False)
 
     def read_crop(self, corner, key):
-        window = (slice(None), *self.crop_slices(corner))
+        window = self.spec.window(corner)
         return self.nbody[window], self.hydro[window]
 
 
 class LowMemDataset(RandomCropDataset):
     """Each crop read from disk; the HDF5 file is opened lazily, once per worker process."""
 
-    def __init__(self, params, path, num_samples, split, box_side, augment):
-        super().__init__(params, num_samples, split, box_side, augment)
+    def __init__(self, spec, num_samples, path):
+        super().__init__(spec, num_samples)
         self.path = path
         self._file, self._pid = None, None
 
@@ -198,7 +217,7 @@ class LowMemDataset(RandomCropDataset):
         # A handle opened before a fork must not be shared, so each process opens its own.
         if self._pid != os.getpid():
             self._file, self._pid = h5py.File(self.path, "r"), os.getpid()
-        window = (slice(None), *self.crop_slices(corner))
+        window = self.spec.window(corner)
         nbody = self._file["Nbody"][window].astype(np.float32, copy=False)
         hydro = self._file["Hydro"][window].astype(np.float32, copy=False)
         return nbody, hydro
@@ -209,71 +228,14 @@ class LowMemDataset(RandomCropDataset):
 
 
 def build_dataset(params, path, num_samples, split, augment):
+    """The split's dataset for the native loader kinds (after checking the file's layout)."""
     kind = params.data_loader_config
     if kind == "synthetic":
-        return SyntheticDataset(params, num_samples, split, augment)
+        return SyntheticDataset(CropSpec.from_params(params, split, params.crop_size, augment, "synthetic"),
+                                num_samples)
     box_side = inspect_volume(path, params.N_in_channels, params.N_out_channels)
-    if params.crop_size > box_side:
-        raise UserError(f"crop_size={params.crop_size} is larger than the box side {box_side} of {path}. "
-                        f"Use --crop_size={box_side} or less, or a larger box (python -m "
-                        f"utils.generate_data --train_size ... --val_size ... --force).")
-    dataset_class = InMemoryDataset if kind == "inmem" else LowMemDataset
-    return dataset_class(params, path, num_samples, split, box_side, augment)
-
-
-# Linux has sigwaitinfo, macOS not: there the workers stay as torch makes them.
-CAN_SHIELD = hasattr(signal, "sigwaitinfo")
-
-
-class ShieldedDataLoader(DataLoader):
-    """A DataLoader whose worker processes leave SIGTERM and SIGUSR1 to the main process.
-
-    Slurm (at the time limit, on scancel), ``timeout`` and ``kill -- -PGID`` signal every process
-    of the job, loader workers included. A worker ended by that SIGTERM makes the main process fail
-    with "DataLoader worker ... is killed by signal" before it can save a checkpoint, and a forked
-    worker logs the main process's "Received SIGUSR1" again. Shielded, the workers let the main
-    process alone stop (:class:`~utils.checkpoint.StopSignals`), and it ends them as usual.
-
-    Blocked, not ignored: one SIGTERM must still end a worker, the main process's own (that is how
-    it ends its workers at exit), and only ``sigwaitinfo`` tells who sent a signal. The workers
-    start with both signals blocked (the mask passes through fork, spawn and forkserver alike, and
-    on to every thread a worker starts, numpy's included), so none reaches a worker before it is
-    ready, nor a thread that would die of it; then :func:`take_stop_signals` takes them.
-    """
-
-    def __init__(self, *args, **kwargs):
-        # The main process's pid travels with the function: under forkserver it is not the parent.
-        take = functools.partial(take_stop_signals, os.getpid()) if CAN_SHIELD else None
-        super().__init__(*args, worker_init_fn=take, **kwargs)
-
-    def __iter__(self):  # starts the workers (once, with persistent workers): not the hot loop
-        if not CAN_SHIELD:
-            return super().__iter__()
-        context = self.multiprocessing_context or torch.multiprocessing
-        if self.num_workers and context.get_start_method() != "fork":
-            resource_tracker.ensure_running()  # when it starts, it unblocks SIGTERM: not in the window below
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, StopSignals.SIGNALS)
-        try:
-            return super().__iter__()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-
-
-def take_stop_signals(main_process, worker_id):
-    """``worker_init_fn``: a thread takes the worker's stop signals; a SIGTERM from ``main_process`` ends it.
-
-    torch calls this after setting its own worker signal handlers, which then never run: with the
-    signals blocked in every thread, the one waiting here is the only one that receives them.
-    """
-    signal.pthread_sigmask(signal.SIG_BLOCK, StopSignals.SIGNALS)  # already so, if started by the loader
-
-    def take():
-        while True:
-            sent = signal.sigwaitinfo(StopSignals.SIGNALS)
-            if sent.si_signo == signal.SIGTERM and sent.si_pid == main_process:
-                os._exit(0)  # as torch's own handler does: a worker ended on purpose, not a failure
-
-    threading.Thread(target=take, name="stop_signals", daemon=True).start()
+    spec = CropSpec.from_params(params, split, box_side, augment, path)
+    return (InMemoryDataset if kind == "inmem" else LowMemDataset)(spec, num_samples, path)
 
 
 def get_data_loaders(params, world_rank, world_size, pin_memory):

@@ -30,7 +30,7 @@ The pipeline, per sample (input and target alike, with the SAME crop and element
 5. ``fn.transpose`` puts the channels first: (C, D, H, W), the model's layout.
 
 Which crop and element a sample gets comes from the native loader's own rule,
-:meth:`utils.data_loader.RandomCropDataset.draw` on the keys of a
+:meth:`utils.data_loader.CropSpec.draw` on the keys of a
 :class:`utils.data_loader.CropSampler`, computed in an ``external_source`` callback. So
 ``dali-lowmem`` sees exactly the samples that ``inmem`` and ``lowmem`` see for the same seed and
 number of ranks (ranks draw different crops; validation the same crops every pass), and a resumed
@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from utils.convert_h5_to_npy import output_paths
-from utils.data_loader import TRAIN_SPLIT, VALID_SPLIT, CropSampler, RandomCropDataset
+from utils.data_loader import TRAIN_SPLIT, VALID_SPLIT, CropSampler, CropSpec
 from utils.errors import UserError
 
 DALI_REQUIREMENTS = "requirements-dali.txt"
@@ -115,9 +115,6 @@ def inspect_npy(params, split):
     if shapes[0] != shapes[1]:
         raise UserError(f"{paths[0]} and {paths[1]} cover different boxes (sides {shapes[0]} and "
                         f"{shapes[1]}). Make both again from one HDF5 file with `{command} --force`.")
-    if params.crop_size > shapes[0]:
-        raise UserError(f"crop_size={params.crop_size} is larger than the box side {shapes[0]} of "
-                        f"{paths[0]}. Use --crop_size={shapes[0]} or less, or a larger box.")
     return shapes[0]
 
 
@@ -162,7 +159,7 @@ class CropStream:
         keys = loader.keys(epoch)[offset:offset + loader.batch_size]
         # The tail of a validation pass: padded to a full batch, the padding cut off by the loader.
         keys += keys[-1:] * (loader.batch_size - len(keys))
-        corners, elements = zip(*(loader.dataset.draw(key) for key in keys))
+        corners, elements = zip(*(loader.spec.draw(key) for key in keys))
         columns = [np.stack(corners).astype(np.int32)]
         for table in loader.tables:
             columns.append(np.stack([table[element] for element in elements]))
@@ -173,17 +170,16 @@ class CropStream:
 class DaliCropLoader:
     """Yields ``(input, target)`` batches from a DALI pipeline; a DataLoader look-alike.
 
-    ``paths`` are the input's and the target's .npy files, ``channel_groups`` their channel counts
-    and vector triplets: ``[(4, [(1, 2, 3)]), (5, [(2, 3, 4)])]``. ``dataset`` (a
-    :class:`RandomCropDataset`) supplies the crop size, the group of elements and ``draw(key)``;
-    ``sampler`` (a :class:`CropSampler`) this rank's keys and ``set_epoch(epoch, start)``.
+    ``paths`` are the input's and the target's .npy files; ``spec`` (the native loaders'
+    :class:`CropSpec`) supplies the crop size, the group of elements, the channel counts and vector
+    triplets of input and target, and ``draw(key)``; ``sampler`` (a :class:`CropSampler`) this
+    rank's keys and ``set_epoch(epoch, start)``.
     ``device_id`` is the CUDA device, None for DALI's CPU-only mode.
     """
 
-    def __init__(self, paths, channel_groups, dataset, sampler, batch_size, drop_last, device_id,
-                 num_threads, seed):
+    def __init__(self, paths, spec, sampler, batch_size, drop_last, device_id, num_threads, seed):
         self.paths = paths
-        self.dataset = dataset
+        self.spec = spec
         self.sampler = sampler
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -195,12 +191,12 @@ class DaliCropLoader:
         # (the identity alone) there are none, and the pipeline has no geometric operators.
         self.tables = []
         self.vector_outputs = []
-        if len(dataset.elements) > 1:
-            self.tables.append({e: warp_matrix(e, dataset.crop_size) for e in dataset.elements})
-            for index, (n_channels, triplets) in enumerate(channel_groups):
+        if len(spec.elements) > 1:
+            self.tables.append({e: warp_matrix(e, spec.crop_size) for e in spec.elements})
+            for index, (n_channels, triplets) in enumerate(spec.channel_groups):
                 if triplets:
                     self.vector_outputs.append(index)
-                    self.tables.append({e: channel_matrix(e, n_channels, triplets) for e in dataset.elements})
+                    self.tables.append({e: channel_matrix(e, n_channels, triplets) for e in spec.elements})
         self._pipeline = None
         self._next = None  # (epoch, offset) of the batch the pipeline delivers next
         self._keys = (None, [])  # (epoch, this rank's keys of that epoch)
@@ -233,7 +229,7 @@ class DaliCropLoader:
     def build_pipeline(self, position):
         """A DALI pipeline whose first batch is the one at ``position``."""
         fn, types, Pipeline = import_dali()
-        size = self.dataset.crop_size
+        size = self.spec.crop_size
         # exec_dynamic: every batch's outputs are new buffers, alive while a tensor refers to them,
         # so the zero-copy torch tensors stay valid after the next run() (see run_pipeline).
         pipeline = Pipeline(batch_size=self.batch_size, num_threads=self.num_threads,
@@ -312,15 +308,12 @@ def get_data_loaders(params, world_rank, world_size, device=None):
     loaders = []
     for num_samples, split in ((params.Nsamples, TRAIN_SPLIT), (params.Nsamples_val, VALID_SPLIT)):
         is_train = split == TRAIN_SPLIT
-        box_side = inspect_npy(params, split)
-        dataset = RandomCropDataset(params, num_samples, split, box_side, augment=is_train)
-        channel_groups = [(params.N_in_channels, dataset.nbody_vectors),
-                          (params.N_out_channels, dataset.hydro_vectors)]
+        paths = npy_paths(params, split)
+        spec = CropSpec.from_params(params, split, inspect_npy(params, split), augment=is_train, source=paths[0])
         sampler = CropSampler(num_samples, world_size, world_rank, fixed_epoch=None if is_train else 0)
         # The crops come from the callback; this seed is for DALI's own state, distinct per rank.
         seed = int(np.random.SeedSequence((params.seed, split, world_rank)).generate_state(1)[0])
-        loaders.append(DaliCropLoader(npy_paths(params, split), channel_groups, dataset, sampler,
-                                      local_batch_size, drop_last=is_train,
+        loaders.append(DaliCropLoader(paths, spec, sampler, local_batch_size, drop_last=is_train,
                                       device_id=device_id, num_threads=max(1, params.num_data_workers),
                                       seed=seed))
     return tuple(loaders)

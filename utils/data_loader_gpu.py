@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from utils import symmetry
-from utils.data_loader import TRAIN_SPLIT, VALID_SPLIT, build_dataset, check_host_memory, corner_high
+from utils.data_loader import TRAIN_SPLIT, VALID_SPLIT, CropSpec, check_host_memory, inspect_volume
 from utils.errors import UserError
 
 SLAB_BYTES = 256 * 2**20  # upload the volume this many bytes at a time: bounds host memory
@@ -173,12 +173,11 @@ class DeviceCropSampler:
     ``fixed_epoch`` pins the draws (validation).
     """
 
-    def __init__(self, num_samples, box_side, crop_size, num_elements, seed, split, rank, device,
-                 fixed_epoch=None):
+    def __init__(self, num_samples, spec, rank, device, fixed_epoch=None):
         self.num_samples = num_samples
-        self.corner_high = corner_high(box_side, crop_size)
-        self.num_elements = num_elements
-        self.seed, self.split, self.rank = seed, split, rank
+        self.corner_high = spec.corner_high  # corners uniform in [0, corner_high), as the native loaders'
+        self.num_elements = len(spec.elements)
+        self.seed, self.split, self.rank = spec.seed, spec.split, rank
         self.device = device
         self.fixed_epoch = fixed_epoch
         self.epoch, self.start = 0, 0
@@ -242,18 +241,14 @@ def get_data_loaders(params, world_rank, world_size, device=None):
     for path, num_samples, split in ((params.train_path, params.Nsamples, TRAIN_SPLIT),
                                      (params.val_path, params.Nsamples_val, VALID_SPLIT)):
         is_train = split == TRAIN_SPLIT
-        # build_dataset checks the file's layout and the crop size against its box side; for this
-        # kind it returns a dataset that opens nothing, used here for its parsed settings only.
-        dataset = build_dataset(params, path, num_samples, split, augment=is_train)
+        spec = CropSpec.from_params(params, split, inspect_volume(path, params.N_in_channels, params.N_out_channels),
+                                    augment=is_train, source=path)
         volume = upload_volume(path, device, dtype)
         logging.info("gpu-inmem: %s on %s as %s, %.3g GB", path, device, params.gpu_inmem_dtype,
                      volume.numel() * volume.element_size() / 1e9)
-        groups = [(params.N_in_channels, dataset.nbody_vectors),
-                  (params.N_out_channels, dataset.hydro_vectors)]
-        augment = CropAugment(dataset.box_side, params.crop_size, groups, device, dataset.elements)
+        augment = CropAugment(spec.box_side, spec.crop_size, spec.channel_groups, device, spec.elements)
         # As many samples per rank as the native DistributedSampler gives, so len() agrees.
-        sampler = DeviceCropSampler(math.ceil(num_samples / world_size), dataset.box_side, params.crop_size,
-                                    len(dataset.elements), params.seed, split, world_rank, device,
+        sampler = DeviceCropSampler(math.ceil(num_samples / world_size), spec, world_rank, device,
                                     fixed_epoch=None if is_train else 0)
         loaders.append(DeviceCropLoader(volume, augment, sampler, local_batch_size, drop_last=is_train))
     return tuple(loaders)

@@ -68,6 +68,7 @@ from tqdm import tqdm
 
 from utils.convert_h5_to_npy import convert, make_writable_dir, output_paths as npy_output_paths
 from utils.errors import UserError, exit_on_user_error
+from utils.files import atomic_path
 
 GENERATOR_NAME = "utils.generate_data"
 GENERATOR_VERSION = "1"
@@ -402,19 +403,11 @@ def write_h5(path, nbody, hydro, attrs=None):
     The file is written under a temporary name in the same directory and renamed into place, so
     an interrupted run never leaves a half-written file under the final name.
     """
-    # A plain name (not tempfile.mkstemp) so the file gets the usual permissions, not 0600.
-    tmp_path = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
-        with h5py.File(tmp_path, "w") as f:
-            f.create_dataset("Nbody", data=np.ascontiguousarray(nbody, dtype=np.float32))
-            f.create_dataset("Hydro", data=np.ascontiguousarray(hydro, dtype=np.float32))
-            for key, value in (attrs or {}).items():
-                f.attrs[key] = value
-        os.replace(tmp_path, path)
-    except BaseException:
-        if os.path.exists(tmp_path):
-            os.remove(tmp_path)
-        raise
+    with atomic_path(path) as temporary, h5py.File(temporary, "w") as f:
+        f.create_dataset("Nbody", data=np.ascontiguousarray(nbody, dtype=np.float32))
+        f.create_dataset("Hydro", data=np.ascontiguousarray(hydro, dtype=np.float32))
+        for key, value in (attrs or {}).items():
+            f.attrs[key] = value
 
 
 def clipped_fraction(array):

@@ -3,9 +3,9 @@
 Five panels: input dark-matter density, true and predicted gas density, true and predicted gas
 temperature, truth and prediction on the same colour scale so that they compare at a glance.
 """
-import os
-
 import numpy as np
+
+from utils.files import atomic_path
 
 PANELS = (  # (title, source, channel)
     ("dark-matter density (input)", "input", 0),
@@ -49,6 +49,5 @@ def save_png(path, image):
     """Write ``image`` as a PNG atomically (temporary file, then rename)."""
     import matplotlib.image
 
-    temporary = f"{path}.tmp.{os.getpid()}.png"
-    matplotlib.image.imsave(temporary, image)
-    os.replace(temporary, path)
+    with atomic_path(path, suffix=".png") as temporary:
+        matplotlib.image.imsave(temporary, image)

@@ -1,7 +1,7 @@
 """Start TensorBoard over a log directory, on a free localhost port, and wait until it answers.
 
 Why a module and not a shell line: start_tensorboard.ipynb (on any JupyterHub) and
-``python -m utils.tensorboard_screenshot`` both need a TensorBoard that is really serving before
+``python -m figures.tensorboard_screenshot`` both need a TensorBoard that is really serving before
 they print a URL or open a browser, on a port nobody else holds, and stoppable later by its pid,
 even from another process. Keeping that here lets the tests call it directly.
 

@@ -1,4 +1,5 @@
-"""utils/benchmark.py: the built-in benchy trials, their output, the FLOP count and the MFU (CPU)."""
+"""utils/benchy.py and benchmarks/trials.py: the built-in benchy trials and their output (CPU), and the
+GitHub benchy's adapter (on a stand-in module)."""
 import copy
 import json
 import os
@@ -10,9 +11,9 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from networks.UNet import UNet
-from utils import benchmark
-from utils.benchmark import (BenchyLoader, check_benchy_options, load_benchy_config, lookup_peak_flops, mfu,
-                             resolve_peak_flops, run_trials, unet_flops_per_sample, wrap_for_benchy)
+from benchmarks.trials import run_trials
+from utils import benchy
+from utils.benchy import BenchyLoader, check_benchy_options, load_benchy_config, wrap_for_benchy
 from utils.distributed import World
 from utils.errors import UserError
 from utils.YParams import YParams
@@ -67,7 +68,7 @@ class CountingLoader:
 @pytest.fixture
 def params():
     params = YParams("config/UNet.yaml", "test")  # U-Net base_channels 4, crop 32, batch 4
-    params.update({"num_epochs": EPOCHS})
+    params.update({"num_epochs": EPOCHS, "enable_benchy": True})
     return params
 
 
@@ -192,49 +193,6 @@ def test_programmatic_trials_without_a_peak_report_no_mfu():
     assert result["mfu"] == {"io": None, "synthetic": None, "full": None}
 
 
-# ----------------------------------------------------------------------------- FLOPs, peaks, MFU
-
-def test_full_scale_unet_at_64_cubed_costs_80_5_gflop_per_training_sample():
-    params = YParams("config/UNet.yaml", "base")  # full_scale, base_channels 64, crop 64
-    assert unet_flops_per_sample(params) == pytest.approx(80.5e9, rel=0.01)
-
-
-def test_peak_table_matches_device_names():
-    assert lookup_peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989e12
-    assert lookup_peak_flops("NVIDIA H100 80GB HBM3", "tf32") == 494e12
-    assert lookup_peak_flops("NVIDIA H200", "fp16") == 989e12
-    assert lookup_peak_flops("NVIDIA A100-SXM4-40GB", "bf16") == 312e12
-    assert lookup_peak_flops("NVIDIA A100-SXM4-80GB", "tf32") == 156e12
-    assert lookup_peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
-    assert lookup_peak_flops("Tesla V100-SXM2-16GB", "fp16") is None
-
-
-def test_peak_is_unknown_on_cpu_unless_given(monkeypatch):
-    monkeypatch.delenv("PEAK_TFLOPS", raising=False)
-    assert resolve_peak_flops("cpu", "fp32")[0] is None
-    assert resolve_peak_flops("cpu", "fp32", config_tflops=2)[0] == 2e12
-    monkeypatch.setenv("PEAK_TFLOPS", "312")
-    assert resolve_peak_flops("cpu", "fp32", config_tflops=2) == (312e12, "PEAK_TFLOPS")
-    monkeypatch.setenv("PEAK_TFLOPS", "fast")
-    with pytest.raises(UserError, match="PEAK_TFLOPS='fast' is not a positive number"):
-        resolve_peak_flops("cpu", "fp32")
-
-
-def test_mfu_is_flops_times_throughput_over_the_peak_of_all_gpus():
-    assert mfu(80.5e9, 1000.0, 989e12) == pytest.approx(80.5e9 * 1000 / 989e12)
-    assert mfu(80.5e9, 4000.0, 989e12, world_size=4) == pytest.approx(80.5e9 * 1000 / 989e12)
-    assert mfu(None, 1000.0, 989e12) is None and mfu(80.5e9, 1000.0, None) is None
-
-
-def test_precision_follows_amp_mode_and_tf32(monkeypatch):
-    monkeypatch.delenv("NVIDIA_TF32_OVERRIDE", raising=False)
-    precisions = [benchmark.precision_of(mode, True) for mode in ("bf16", "fp16", "none")]
-    assert precisions == ["bf16", "fp16", "tf32"]
-    assert benchmark.precision_of("none", False) == "fp32"
-    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
-    assert benchmark.precision_of("none", True) == "fp32"
-
-
 # ----------------------------------------------------------------------------- configuration
 
 def test_repository_config_is_the_tutorials(monkeypatch):
@@ -242,7 +200,7 @@ def test_repository_config_is_the_tutorials(monkeypatch):
     config = load_benchy_config()
     assert [config[s]["nwarmup"] for s in ("IO", "synthetic", "full")] == [3, 3, 3]
     assert config["full"]["nbatches"] == 50 and config["full"]["ntrials"] == 3
-    assert benchmark.epochs_needed(config) == 12 and benchmark.epochs_needed(config, github_benchy=True) == 13
+    assert benchy.epochs_needed(config) == 12 and benchy.epochs_needed(config, github_benchy=True) == 13
 
 
 def test_keys_left_out_take_benchys_defaults(tmp_path):
@@ -280,13 +238,13 @@ def test_too_few_epochs_for_the_trials_are_refused(params, benchy_env):
 
 
 def test_output_path_follows_benchy_output(monkeypatch):
-    config = copy.deepcopy(benchmark.DEFAULT_CONFIG)
+    config = copy.deepcopy(benchy.DEFAULT_CONFIG)
     monkeypatch.delenv("BENCHY_OUTPUT", raising=False)
-    assert benchmark.output_path(config, "run") == "run/benchy_result.json"
+    assert benchy.output_path(config, "run") == "run/benchy_result.json"
     monkeypatch.setenv("BENCHY_OUTPUT", "scaling/weak_scale")  # as typed: from the working directory
-    assert benchmark.output_path(config, "run") == os.path.join(os.getcwd(), "scaling", "weak_scale.json")
+    assert benchy.output_path(config, "run") == os.path.join(os.getcwd(), "scaling", "weak_scale.json")
     config["global"]["output_dir"] = "/logs"
-    assert benchmark.output_path(config, "run") == "/logs/scaling/weak_scale.json"
+    assert benchy.output_path(config, "run") == "/logs/scaling/weak_scale.json"
 
 
 # ----------------------------------------------------------------------------- the GitHub benchy
@@ -340,7 +298,7 @@ def fake_benchy(tmp_path, monkeypatch):
 def test_github_benchy_runs_its_own_trials_and_the_run_ends_itself(params, benchy_env, fake_benchy, tmp_path,
                                                                    capsys):
     config = load_benchy_config()
-    loader = benchmark._GitHubBenchyLoader(
+    loader = benchy._GitHubBenchyLoader(
         CountingLoader(crop=8), config, batch_size=4, device="cpu", world_size=1, rank=0,
         flops_per_sample=1e9, peak_flops=1e11, peak_source="test", precision="fp32",
         json_path=str(tmp_path / "out.json"))
@@ -357,12 +315,12 @@ def test_github_benchy_runs_its_own_trials_and_the_run_ends_itself(params, bench
 
 
 def test_github_benchy_is_used_only_on_a_gpu():
-    assert not benchmark.github_benchy_available(torch.device("cpu"))
+    assert not benchy.github_benchy_available(torch.device("cpu"))
 
 
 def test_trial_plan_is_synthetic_then_full_with_warm_ups_first():
-    config = copy.deepcopy(benchmark.DEFAULT_CONFIG)
-    labels = [label for _, label, _ in benchmark.trial_plan(config)]
+    config = copy.deepcopy(benchy.DEFAULT_CONFIG)
+    labels = [label for _, label, _ in benchy.trial_plan(config)]
     assert labels == ["SYNTHETIC_WARMUP_0", "SYNTHETIC_0", "SYNTHETIC_1", "SYNTHETIC_2",
                       "FULL_WARMUP_0", "FULL_0", "FULL_1", "FULL_2"]
 

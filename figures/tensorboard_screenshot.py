@@ -1,7 +1,7 @@
 """Make the tutorial's TensorBoard picture: the scalars page of a log directory, shot in headless Chromium.
 
-    python -m utils.tensorboard_screenshot --logdir runs/demo --out tutorial_images/tensorboard_scalars.png
-    python -m utils.tensorboard_screenshot --logdir runs --tag_filter 'Loss|Metrics/corr' --run_filter demo
+    python -m figures.tensorboard_screenshot --logdir runs/demo --out tutorial_images/tensorboard_scalars.png
+    python -m figures.tensorboard_screenshot --logdir runs --tag_filter 'Loss|Metrics/corr' --run_filter demo
 
 It starts TensorBoard on a free localhost port (utils.tensorboard_launch), opens the SCALARS
 dashboard with the charts filtered to one group (by default that of ``--tag``, ``Loss/valid``),
@@ -21,6 +21,7 @@ import shutil
 import urllib.parse
 
 from utils.errors import UserError, exit_on_user_error
+from utils.files import atomic_path
 from utils.tensorboard_launch import open_local, start_tensorboard
 
 BROWSER_VARIABLE = "CHROMIUM"  # overrides where the browser is looked for
@@ -125,12 +126,9 @@ def _scalar_tags(base_url):
 
 
 def _write_atomically(path, data):
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    temporary = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    with open(temporary, "wb") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_path(path) as temporary, open(temporary, "wb") as f:
         f.write(data)
-    os.replace(temporary, path)
 
 
 @exit_on_user_error

@@ -1,6 +1,6 @@
 """The tutorial's figures, made from committed results of real runs (`make figures`).
 
-    python -m utils.figures                      # all figures from example_logs/ into tutorial_images/
+    python -m figures.tutorial_images                      # all figures from example_logs/ into tutorial_images/
 
 - ``demo_loss_curves.png``: train and validation loss of the example demo run, read from its
   TensorBoard event files with TensorBoard's own reader.
@@ -217,7 +217,7 @@ def profile_figures(folder, out_dir):
 
 def scaling_figures(results, out_dir):
     """A scaling plot for each folder of ``results``/scaling/ (written by benchmarks.scaling)."""
-    from utils import plot_scaling
+    from benchmarks import plot_scaling
 
     written = []
     for index_path in sorted(glob.glob(os.path.join(results, "scaling", "*", "scaling.json"))):
@@ -271,7 +271,7 @@ def main(argv=None):
             print(f"wrote {name} from {os.path.relpath(folder, ROOT)}")
     if args.no_browser:
         return
-    from utils import tensorboard_screenshot
+    from figures import tensorboard_screenshot
     from utils.errors import UserError
 
     try:

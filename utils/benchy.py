@@ -32,8 +32,8 @@ Both add the model FLOP utilisation (MFU): training FLOPs per sample, counted on
 the GPUs' peak FLOP/s (NVIDIA datasheets, dense; ``PEAK_TFLOPS`` overrides). For IO it is the
 ceiling the loader alone would allow.
 
-:func:`run_trials` runs the same trials for any step function and loader, without train.py's
-epochs: the entry point of a benchmark suite.
+``benchmarks/trials.py`` runs the same trials for any step function and loader, without
+train.py's epochs: the entry point of the benchmark suite.
 """
 import copy
 import difflib
@@ -48,6 +48,7 @@ import torch
 import yaml
 
 from utils.errors import UserError
+from utils.flops import env_peak_tflops, mfu, precision_of, resolve_peak_flops, unet_flops_per_sample
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPOSITORY_CONFIG = os.path.join(ROOT, "benchy_config.yaml")
@@ -70,113 +71,6 @@ DEFAULT_CONFIG = {
     "synthetic": {"run_benchmark": True, "nbatches": 50, "ntrials": 3, "nwarmup": 1},
     "full": {"run_benchmark": True, "nbatches": 50, "ntrials": 3, "nwarmup": 1},
 }
-
-# Dense peak TFLOP/s per GPU from NVIDIA's datasheets (the sparsity figures are twice these).
-# Matched against torch.cuda.get_device_name(), most specific name first.
-_H100_SXM = {"bf16": 989, "fp16": 989, "tf32": 494, "fp32": 67}
-_H100_NVL = {"bf16": 835, "fp16": 835, "tf32": 418, "fp32": 60}
-PEAK_TFLOPS_TABLE = (
-    ("H100 NVL", _H100_NVL),
-    ("H100 PCIe", {"bf16": 756, "fp16": 756, "tf32": 378, "fp32": 51}),
-    ("H200 NVL", _H100_NVL),
-    ("GH200", _H100_SXM),
-    ("H200", _H100_SXM),      # H200 SXM: the H100 SXM's compute with more, faster memory
-    ("H100", _H100_SXM),      # "NVIDIA H100 80GB HBM3" is the SXM part
-    ("A100", {"bf16": 312, "fp16": 312, "tf32": 156, "fp32": 19.5}),  # SXM and PCIe alike
-)
-
-
-# ----------------------------------------------------------------------------- FLOPs and peaks
-
-def training_flops_per_sample(build_model, sample_shape):
-    """Forward + backward FLOPs of one sample, or None if they cannot be counted.
-
-    The model is built on the meta device (shapes only, no memory, no arithmetic), so counting the
-    117 M-parameter U-Net at 64^3 takes about a second on any machine. The input needs no
-    gradient, as in training, so the first layer computes no input gradient. FlopCounterMode
-    counts convolutions and matrix products; the loss's elementwise work is negligible and not
-    counted, so any scalar stands in for it.
-    """
-    from torch.utils.flop_counter import FlopCounterMode
-
-    try:
-        with torch.device("meta"):
-            model = build_model()
-            inputs = torch.empty(1, *sample_shape)
-        counter = FlopCounterMode(display=False)
-        with counter:
-            model(inputs).float().sum().backward()
-        return float(counter.get_total_flops())
-    except (RuntimeError, NotImplementedError, TypeError) as error:
-        logging.info("Could not count the model's FLOPs on the meta device (%s): MFU is n/a.", error)
-        return None
-
-
-def unet_flops_per_sample(params):
-    """Training FLOPs per sample of the configured U-Net at the configured crop."""
-    from networks.UNet import UNet
-
-    def build():
-        return UNet(params.N_in_channels, params.N_out_channels, params.base_channels, params.full_scale)
-
-    side = params.crop_size
-    return training_flops_per_sample(build, (params.N_in_channels, side, side, side))
-
-
-def precision_of(amp_mode, tf32=True):
-    """The arithmetic the convolutions run in: ``bf16``, ``fp16``, ``tf32`` or ``fp32``."""
-    if amp_mode in ("bf16", "fp16"):
-        return amp_mode
-    tf32 = tf32 and os.environ.get("NVIDIA_TF32_OVERRIDE") != "0"  # the override wins below PyTorch
-    return "tf32" if tf32 else "fp32"
-
-
-def lookup_peak_flops(device_name, precision):
-    """Peak FLOP/s of one GPU named ``device_name`` in ``precision``, or None if not in the table."""
-    name = device_name.lower()
-    for key, peaks in PEAK_TFLOPS_TABLE:
-        if key.lower() in name:
-            return peaks[precision] * 1e12
-    return None
-
-
-def env_peak_tflops():
-    """``PEAK_TFLOPS`` from the environment as a number, None when unset."""
-    text = os.environ.get("PEAK_TFLOPS")
-    if not text:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise UserError(f"PEAK_TFLOPS={text!r} is not a positive number. Set it to the peak TFLOP/s of "
-                        "one GPU in the precision you train in (e.g. PEAK_TFLOPS=989 for an H100 SXM in "
-                        "bf16), or unset it to use the built-in table.")
-    return value
-
-
-def resolve_peak_flops(device, precision, config_tflops=None):
-    """``(peak FLOP/s or None, where it came from)``: env PEAK_TFLOPS, the config, or the table."""
-    from_env = env_peak_tflops()
-    if from_env:
-        return from_env * 1e12, "PEAK_TFLOPS"
-    if config_tflops:
-        return float(config_tflops) * 1e12, "peak_tflops in the benchy config"
-    device = torch.device(device)
-    if device.type != "cuda":
-        return None, f"no peak FLOP/s known for {device.type}; set PEAK_TFLOPS"
-    name = torch.cuda.get_device_name(device)
-    peak = lookup_peak_flops(name, precision)
-    return peak, (name if peak else f"{name} is not in the table; set PEAK_TFLOPS")
-
-
-def mfu(flops_per_sample, samples_per_sec, peak_flops, world_size=1):
-    """Model FLOP utilisation: achieved FLOP/s over the peak of all ``world_size`` GPUs."""
-    if not flops_per_sample or not peak_flops or samples_per_sec is None:
-        return None
-    return flops_per_sample * samples_per_sec / (peak_flops * world_size)
-
 
 # ----------------------------------------------------------------------------- configuration
 
@@ -299,7 +193,10 @@ def github_benchy_available(device):
 
 
 def check_benchy_options(params, device=None):
-    """Refuse a benchy run that cannot finish its trials, before anything is trained."""
+    """Refuse a benchy run that cannot finish its trials, before anything is trained (nothing to
+    check without ``enable_benchy``)."""
+    if not params.enable_benchy:
+        return
     config = load_benchy_config()
     env_peak_tflops()  # refuses a malformed PEAK_TFLOPS now rather than after the trials
     needed = epochs_needed(config, github_benchy_available(device))
@@ -392,8 +289,21 @@ class _Trial:
         raise StopIteration
 
 
-class _LoaderWrapper:
-    """What both benchy wrappers share: the wrapped loader's other attributes, and when to stop."""
+class _TrialEpochs:
+    """A training loader whose epochs are benchy's trials, then the loader's own epochs.
+
+    What the built-in trials and the GitHub benchy's share: the plan of trials, one per epoch;
+    ``len()`` (like a DataLoader's, the number of batches the next ``iter()`` yields: a trial's
+    ``nbatches``, one more for SYNTHETIC, while trials remain, then the loader's length); the
+    wrapped loader's other attributes (``sampler``, ``batch_size``, ...); and when to stop.
+    Subclasses say how a trial epoch runs (:meth:`_trial`).
+    """
+
+    def __init__(self, loader, config):
+        self.loader, self.config = loader, config
+        self.trials_complete = False
+        self._plan = trial_plan(config)
+        self._next_trial = 0
 
     def __getattr__(self, name):
         # Only called for attributes the wrapper lacks: sampler, dataset, ... of the wrapped loader.
@@ -401,30 +311,36 @@ class _LoaderWrapper:
             raise AttributeError(name)
         return getattr(self.loader, name)
 
+    def __len__(self):
+        return epoch_length(self.config, self._plan, self._next_trial, len(self.loader))
+
+    def __iter__(self):
+        if self._next_trial < len(self._plan):
+            kind, label, warmup = self._plan[self._next_trial]
+            self._next_trial += 1
+            return self._trial(kind, label, warmup)
+        return iter(self.loader)
+
+    def _trial(self, kind, label, warmup):
+        raise NotImplementedError
+
     @property
     def stop_training(self):
         """True once every trial has run and benchy's config says to end the run then."""
         return self.trials_complete and self.config["global"]["exit_after_tests"]
 
 
-class BenchyLoader(_LoaderWrapper):
-    """A training loader whose epochs are benchy's trials: the built-in benchy.
-
-    Use it where the loader was used: ``len()``, ``batch_size``, ``sampler`` and other attributes
-    are the wrapped loader's. The first epoch's ``iter()`` runs the IO trials, then every epoch
-    is the next SYNTHETIC or FULL trial; the end of the last trial prints the summary and writes
-    the JSON file. ``trials_complete`` is then true, and ``stop_training`` too when the config
-    asks to end the run (``exit_after_tests``). Epochs after the trials are the loader's own.
-
-    ``len()`` is, like a DataLoader's, the number of batches the next ``iter()`` yields: a
-    trial's ``nbatches`` (one more for SYNTHETIC) while trials remain, then the loader's length.
+class BenchyLoader(_TrialEpochs):
+    """The built-in benchy: the first epoch's ``iter()`` runs the IO trials, then every epoch is
+    the next SYNTHETIC or FULL trial; the end of the last trial prints the summary and writes the
+    JSON file. ``trials_complete`` is then true, and ``stop_training`` too when the config asks to
+    end the run (``exit_after_tests``). Epochs after the trials are the loader's own.
     """
 
     def __init__(self, loader, config, *, batch_size=None, device="cpu", world_size=1, rank=0,
                  flops_per_sample=None, peak_flops=None, peak_source="", precision=None,
                  json_path=None, verbose=True):
-        self.loader = loader
-        self.config = config
+        super().__init__(loader, config)
         self.batch_size = batch_size or getattr(loader, "batch_size", None) or 1
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
@@ -434,24 +350,16 @@ class BenchyLoader(_LoaderWrapper):
         self.json_path = json_path
         self.verbose = verbose and rank == 0
         self.results = {"nranks": world_size}
-        self.trials_complete = False
-        self._plan = trial_plan(config)
-        self._next_trial = 0
         self._io_done = False
         self._profiler_started = False
 
-    def __len__(self):
-        return epoch_length(self.config, self._plan, self._next_trial, len(self.loader))
-
     def __iter__(self):
         self.run_io_trials()
-        if self._next_trial < len(self._plan):
-            kind, label, warmup = self._plan[self._next_trial]
-            self._next_trial += 1
-            section = self.config[SECTION_OF[kind]]
-            return _Trial(self, kind, label, warmup, iter(self.loader), self._nbatches(section),
-                          cached=kind == "SYNTHETIC")
-        return iter(self.loader)
+        return super().__iter__()
+
+    def _trial(self, kind, label, warmup):
+        return _Trial(self, kind, label, warmup, iter(self.loader), self._nbatches(self.config[SECTION_OF[kind]]),
+                      cached=kind == "SYNTHETIC")
 
     def _nbatches(self, section):
         try:
@@ -488,7 +396,7 @@ class BenchyLoader(_LoaderWrapper):
     def synchronize(self):
         if self.cuda:
             torch.cuda.synchronize(self.device)
-        if self.config["global"]["use_distributed_barrier"] and torch.distributed.is_initialized():
+        if self.config["global"]["use_distributed_barrier"] and self.world_size > 1:
             torch.distributed.barrier()
 
     def range_push(self, name):
@@ -613,27 +521,23 @@ def write_json(path, results, verbose=True):
 
 # ----------------------------------------------------------------------------- the GitHub benchy
 
-class _GitHubBenchyLoader(_LoaderWrapper):
-    """The GitHub benchy's ``BenchmarkGenericIteratorWrapper``, with this project's end of run.
+class _GitHubBenchyLoader(_TrialEpochs):
+    """The GitHub benchy's ``BenchmarkGenericIteratorWrapper`` running the same trials, with this
+    project's end of run and MFU lines.
 
     benchy calls ``sys.exit()`` inside the loader once its trials are done, which would skip the
     process group's shutdown; it runs here with ``exit_after_tests: false`` and the training loop
-    ends itself on ``stop_training``. benchy's IO trials run when the wrapper is built. After its
-    summary, the MFU lines are printed and added to its JSON file.
+    ends itself on ``stop_training``. benchy's IO trials run when the wrapper is built.
     """
 
     def __init__(self, loader, config, batch_size, device, world_size, rank, flops_per_sample,
                  peak_flops, peak_source, precision, json_path):
         from benchy.torch import BenchmarkGenericIteratorWrapper
 
-        self.loader, self.config = loader, config
+        super().__init__(loader, config)
         self.device, self.world_size, self.rank = torch.device(device), world_size, rank
         self.flops_per_sample, self.peak_flops = flops_per_sample, peak_flops
         self.peak_source, self.precision, self.json_path = peak_source, precision, json_path
-        self.trials_complete = False
-        self._plan = trial_plan(config)
-        self._trials_left = len(self._plan)
-
         resolved = copy.deepcopy(config)
         resolved["global"].update({
             "exit_after_tests": False,
@@ -656,23 +560,12 @@ class _GitHubBenchyLoader(_LoaderWrapper):
                 del os.environ["BENCHY_CONFIG_FILE"]
             else:
                 os.environ["BENCHY_CONFIG_FILE"] = previous
-        if self._trials_left == 0:
+        if not self._plan:
             self._finish()
 
-    def __len__(self):
-        # benchy's own wrapper reports the loader's length; a SYNTHETIC epoch yields one batch more.
-        next_trial = len(self._plan) - self._trials_left
-        return epoch_length(self.config, self._plan, next_trial, len(self.loader))
-
-    def __iter__(self):
-        if self._trials_left > 0:
-            self._trials_left -= 1
-            return self._watch(iter(self.wrapper))
-        return iter(self.loader)
-
-    def _watch(self, trial):
-        yield from trial
-        if self._trials_left == 0 and not self.trials_complete:
+    def _trial(self, kind, label, warmup):
+        yield from iter(self.wrapper)  # benchy counts its trials itself, in the same order
+        if self._next_trial == len(self._plan) and not self.trials_complete:
             self._finish()
 
     def _finish(self):
@@ -723,35 +616,3 @@ def wrap_for_benchy(loader, params, world, device, run_dir):
     logging.info("benchy: using the built-in trials (%s).",
                  "the GitHub benchy is not importable" if on_gpu else "the GitHub benchy needs a GPU")
     return BenchyLoader(loader, config, **arguments)
-
-
-def run_trials(step_fn, loader, device, *, nbatches=50, ntrials=3, nwarmup=1, io=True, synthetic=True,
-               full=True, batch_size=None, world_size=1, rank=0, flops_per_sample=None, peak_flops=None,
-               use_distributed_barrier=False, verbose=False, json_path=None):
-    """Run IO, SYNTHETIC and FULL trials of ``step_fn(inputs, targets)`` on ``loader``; no epochs needed.
-
-    ``loader`` yields ``(inputs, targets)``; each batch is copied to ``device`` (a no-op for
-    batches already there) and passed to ``step_fn``, which trains on it. Returns
-    ``{io, synthetic, full}`` mean samples/s of all ``world_size`` ranks, ``std``, ``mfu`` (each
-    None without ``flops_per_sample`` and ``peak_flops``, a fraction otherwise) and ``peak_mem_gb``
-    (None off CUDA).
-    """
-    config = copy.deepcopy(DEFAULT_CONFIG)
-    config["global"].update(use_distributed_barrier=use_distributed_barrier, profiler_mode="none",
-                            exit_after_tests=False)
-    for section, enabled in (("IO", io), ("synthetic", synthetic), ("full", full)):
-        config[section].update(run_benchmark=enabled, nbatches=nbatches, ntrials=ntrials, nwarmup=nwarmup)
-    bench = BenchyLoader(loader, config, batch_size=batch_size, device=device, world_size=world_size,
-                         rank=rank, flops_per_sample=flops_per_sample, peak_flops=peak_flops,
-                         json_path=json_path, verbose=verbose)
-    bench.run_io_trials()
-    sampler = getattr(loader, "sampler", None)
-    epoch = 0
-    while not bench.trials_complete:
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-        for inputs, targets in bench:
-            step_fn(inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True))
-        epoch += 1
-    return bench.summary()
-
