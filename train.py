@@ -45,6 +45,12 @@ class Position:
     step: int = 0            # optimiser steps taken
     batch_in_epoch: int = 0  # steps taken in the epoch under way (non-zero only after an interruption)
 
+    def advanced(self, steps):
+        return dataclasses.replace(self, step=self.step + steps, batch_in_epoch=self.batch_in_epoch + steps)
+
+    def next_epoch(self):
+        return Position(epoch=self.epoch + 1, step=self.step)
+
 
 # ----------------------------------------------------------------------------- set-up
 
@@ -302,14 +308,13 @@ def finish(tensorboard, metric_lines, run_dir, params, world):
 def main(argv=None, make_step=None, graph_capture=False):
     """Set everything up, then train: ``num_epochs`` of (train, log, validate, checkpoint).
 
-    ``make_step(model, optimizer, loss_fn, precision, params)`` returns the function that trains on
-    one batch; train_graph.py passes one that replays a captured CUDA graph, with ``graph_capture``
-    asking for an optimiser and autocast that can be captured.
+    ``make_step(model, optimizer, loss_fn, precision, params)`` makes the function that trains on one
+    batch; train_graph.py's replays a CUDA graph, with ``graph_capture`` asking for parts it can capture.
     """
     # The ranks, the options and the device: decided once, then passed down.
     world = read_world()
-    script = "train_graph.py" if graph_capture else "train.py"
-    params = load_params(sys.argv[1:] if argv is None else argv, world.size, DEFAULT_WINDOWS[script])
+    params = load_params(sys.argv[1:] if argv is None else argv, world.size,
+                         DEFAULT_WINDOWS["train_graph.py" if graph_capture else "train.py"])
     check_crop_size(params)
     device = pick_device(params, world)
     check_parallel_options(params, world, device, graph_capture)
@@ -340,16 +345,14 @@ def main(argv=None, make_step=None, graph_capture=False):
     move = functools.partial(to_device, device=device, memory_format=memory_format(params))
     validation = functools.partial(validate, model, val_loader, loss_fn, precision, move, world)
 
-    # The checkpoint's states when resuming (one that does not fit is refused before out.log and
-    # config.yaml are touched), then the run directory and what the loop reports to.
+    # The checkpoint's states (one that does not fit is refused first), then the run directory.
     position = resume(run_dir, model, optimizer, precision.scaler) if params.resume else Position()
     create_run_dir(run_dir, params, world)
     tensorboard = TensorBoard(os.path.join(run_dir, "logs"), enabled=world.is_main)
     schedule = functools.partial(lr_schedule, total_steps=params.num_epochs * steps_per_epoch, params=params)
     stop = StopSignals(world, device)
     profiling = Profiling(params, world, device, run_dir, steps_per_epoch, position.step)
-    # --enable_benchy: the epochs become benchy's IO / SYNTHETIC / FULL trials, and, as in the
-    # original, nothing is validated (the trials time training alone).
+    # --enable_benchy: the epochs become benchy's trials, and, as in the original, nothing is validated.
     validating = not params.enable_benchy
     if params.enable_benchy:
         train_loader = wrap_for_benchy(train_loader, params, world, device, run_dir)
@@ -362,18 +365,19 @@ def main(argv=None, make_step=None, graph_capture=False):
     with profiling:  # closes a window cut short; dumps a CUDA memory snapshot on out-of-memory
         for epoch in range(position.epoch, params.num_epochs):
             train_loader.sampler.set_epoch(epoch, start=position.batch_in_epoch * train_loader.batch_size)
-            remaining, start = len(train_loader), time.time()  # fewer batches after a resume; a trial's under benchy
+            remaining = len(train_loader)  # fewer batches after a resume; a trial's under benchy
+            start = time.time()
             losses = train_one_epoch(step_fn, train_loader, optimizer, schedule, position.step, move, stop,
                                      profiling)
-            check_finite(losses, position.step + len(losses), run_dir)  # waits for the device
+            position = position.advanced(len(losses))
+            check_finite(losses, position.step, run_dir)  # waits for the device
             elapsed = time.time() - start
-            position = dataclasses.replace(position, step=position.step + len(losses),
-                                           batch_in_epoch=position.batch_in_epoch + len(losses))
             if len(losses) == remaining:  # a whole epoch, not one cut short by a stop signal
                 log_epoch(tensorboard, epoch, losses, elapsed, optimizer, model, params, world, position.step)
                 if validating:
-                    metric_lines = validate_and_log(validation, tensorboard, run_dir, params, world, position.step)
-                position = Position(epoch=epoch + 1, step=position.step)
+                    metric_lines = validate_and_log(validation, tensorboard, run_dir, params, world,
+                                                    position.step)
+                position = position.next_epoch()
             checkpoint(run_dir, model, optimizer, precision, position, params, world)
             tensorboard.flush()
             if stop.agreed():

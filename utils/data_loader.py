@@ -9,7 +9,7 @@ A sample is a random ``crop_size``^3 window, the same for input (``Nbody``, 4 ch
 - ``lowmem``: each crop read from the HDF5 file when needed; each worker opens its own handle.
 
 Reproducibility: which crop and which symmetry element a sample gets is a pure function of
-(seed, split, epoch, index), drawn by :meth:`RandomCropDataset.draw`. The sampler hands out
+(seed, split, epoch, index), drawn by :meth:`CropSpec.draw`. The sampler hands out
 ``(epoch, index)`` keys, split over ranks by :class:`~torch.utils.data.DistributedSampler`, so
 ranks and workers draw different crops, a run is the same for any number of workers, and a
 resumed run sees exactly the crops the interrupted one would have seen. Validation uses the

@@ -1,0 +1,68 @@
+"""The layout readers rely on: utils/ holds what a training run imports (plus the data CLIs and the
+notebook's launcher), its modules import each other only along the edges listed here, and train.py's
+main stays one screenful."""
+import ast
+import glob
+import os
+
+from conftest import ROOT
+
+# Each module of utils/ and the modules of utils/ it may import. A new edge is a design decision:
+# add it here with the reason, or pass the value in from the caller instead.
+UTILS_IMPORTS = {
+    "__init__": {"data_loader", "data_loader_gpu", "data_loader_dali"},  # the dispatcher, lazily
+    "YParams": {"errors"},
+    "benchy": {"errors", "flops"},  # benchy's reports include the MFU
+    "checkpoint": {"distributed", "files"},  # FSDP shards are gathered into one file
+    "convert_h5_to_npy": {"errors", "files"},
+    "data_loader": {"symmetry", "errors", "signals"},  # workers shielded from the job's stop signals
+    "data_loader_dali": {"convert_h5_to_npy", "data_loader", "errors"},  # reads what the converter writes
+    "data_loader_gpu": {"symmetry", "data_loader", "errors"},  # the native loaders' crop specification
+    "distributed": {"errors"},
+    "errors": set(),
+    "files": set(),
+    "flops": {"errors"},
+    "generate_data": {"convert_h5_to_npy", "errors", "files"},  # it also writes the .npy copies
+    "logging_utils": set(),
+    "losses": set(),
+    "metrics": set(),
+    "optim": {"errors"},
+    "preview": {"files"},
+    "profiling": {"errors"},
+    "signals": {"distributed"},  # the ranks agree to stop at the same step
+    "symmetry": {"errors"},
+    "tensorboard_launch": {"errors"},
+}
+
+
+def utils_imports(path):
+    tree = ast.parse(open(path).read())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "utils":
+            names = [node.module.split(".")[1]] if "." in node.module else [alias.name for alias in node.names]
+            found.update(names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[1] for alias in node.names if alias.name.startswith("utils."))
+    return found
+
+
+def test_utils_holds_what_a_run_imports_and_nothing_else():
+    modules = {os.path.basename(path)[:-3] for path in glob.glob(os.path.join(ROOT, "utils", "*.py"))}
+    assert modules == set(UTILS_IMPORTS)
+
+
+def test_utils_modules_import_each_other_only_along_the_listed_edges():
+    for name, allowed in UTILS_IMPORTS.items():
+        imported = utils_imports(os.path.join(ROOT, "utils", f"{name}.py")) - {name}
+        assert imported <= allowed, f"utils/{name}.py imports {sorted(imported - allowed)} sideways"
+
+
+def test_train_py_main_is_one_screenful():
+    tree = ast.parse(open(os.path.join(ROOT, "train.py")).read())
+    main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
+    loop = next(node for node in ast.walk(main) if isinstance(node, ast.For))
+    assert main.end_lineno - main.lineno + 1 <= 80
+    assert loop.end_lineno - loop.lineno + 1 <= 25
+    inner = [node for statement in main.body for node in ast.walk(statement)]
+    assert not [node for node in inner if isinstance(node, (ast.FunctionDef, ast.Lambda))]  # no closures
