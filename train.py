@@ -25,6 +25,7 @@ from utils import get_data_loader_distributed, lr_schedule
 from utils.YParams import load_params
 from utils.benchy import check_benchy_options, wrap_for_benchy
 from utils.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from utils.conv3d import check_conv3d
 from utils.distributed import (agree_to_stop, all_reduce_mean, check_parallel_options, describe_memory,
                                exit_on_lost_rank, init_process_group, memory_report, parallelize, read_world,
                                shutdown)
@@ -55,16 +56,22 @@ class Position:
 # ----------------------------------------------------------------------------- set-up
 
 def pick_device(params, world):
-    """The training device, chosen once: this rank's GPU when there is one, else the CPU."""
+    """The training device, chosen once: this rank's GPU when there is one, else the CPU. Logs which
+    backend its 3-D convolutions use, with a warning where a PyTorch/cuDNN release makes them slow."""
     if params.device == "cpu" or (params.device == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
+        device = torch.device("cpu")
+    elif not torch.cuda.is_available():
         raise UserError("--device=cuda but PyTorch sees no CUDA device. Use --device=auto (or cpu), or "
                         "install a CUDA build of PyTorch on a machine with a GPU.")
-    device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
-    torch.cuda.set_device(device)
-    torch.backends.cudnn.benchmark = True  # shapes never change: pick the fastest convolutions once
-    configure_tf32(params.tf32)
+    else:
+        device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        # Shapes never change: cuDNN picks the fastest convolutions once (or deterministic ones, to compare runs).
+        torch.backends.cudnn.benchmark = not params.deterministic
+        torch.backends.cudnn.deterministic = params.deterministic
+        configure_tf32(params.tf32)
+    if world.is_main:
+        check_conv3d(device, params.amp_mode, params.tf32, params.channels_last)
     return device
 
 
@@ -315,12 +322,12 @@ def main(argv=None, make_step=None, graph_capture=False):
     world = read_world()
     params = load_params(sys.argv[1:] if argv is None else argv, world.size,
                          DEFAULT_WINDOWS["train_graph.py" if graph_capture else "train.py"])
+    config_logger(world.is_main)
+    params.log()
     check_crop_size(params)
     device = pick_device(params, world)
     check_parallel_options(params, world, device, graph_capture)
     init_process_group(world, device, params)
-    config_logger(world.is_main)
-    params.log()
     torch.manual_seed(params.seed)
 
     # Data first. Nothing is written before everything is built: a run refused during set-up (a

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import sys
+from dataclasses import dataclass
 
 import torch
 
@@ -38,49 +39,75 @@ from utils.flops import precision_of, resolve_peak_flops, unet_flops_per_sample
 from utils.losses import build_loss
 from utils.optim import Precision, build_optimizer
 
-# (name, train.py options, script): each rung adds to the tutorial's single-GPU settings.
+@dataclass(frozen=True)
+class Rung:
+    name: str
+    options: list
+    script: str = "train.py"
+    nbatches: int = None  # batches per trial, when fewer than --nbatches
+    step: int = 0         # its place on the tutorial's ladder: the order of the table
+
+
+# Each rung adds to the tutorial's single-GPU settings. They are MEASURED in this order: first the
+# rungs no GPU run has measured yet and whose numbers the tutorial lacks most (CUDA graph, compile,
+# AMP with fused Adam, the GPU-resident loader), last the host loaders, which are slow at crop 64
+# (the original's baseline: 85 samples/s on an A100) and get fewer batches. A suite stopped at its
+# time limit then loses the least interesting rungs; the table lists them in the ladder's order.
+BF16_FUSED = ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--enable_fused"]
 GPU_RUNGS = [
-    ("baseline: lowmem, 2 workers", ["--data_loader_config=lowmem", "--num_data_workers=2"], "train.py"),
-    ("lowmem, 8 workers", ["--data_loader_config=lowmem", "--num_data_workers=8"], "train.py"),
-    ("gpu-inmem", ["--data_loader_config=gpu-inmem"], "train.py"),
-    ("gpu-inmem + AMP bf16", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16"], "train.py"),
-    ("gpu-inmem + AMP fp16", ["--data_loader_config=gpu-inmem", "--amp_mode=fp16"], "train.py"),
-    ("+ fused Adam (bf16)", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--enable_fused"], "train.py"),
-    ("+ channels_last (bf16, fused)", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--enable_fused",
-                                       "--channels_last"], "train.py"),
-    ("+ TorchScript loss (bf16, fused)", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--enable_fused",
-                                          "--enable_jit"], "train.py"),
-    ("+ torch.compile (bf16, fused)", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--enable_fused",
-                                       "--jit_mode=compile"], "train.py"),
-    ("+ CUDA graph (bf16, fused)", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16"], "train_graph.py"),
-    ("batch 8: gpu-inmem bf16 fused", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--enable_fused",
-                                       "--global_batch_size=8"], "train.py"),
-    ("batch 8: + CUDA graph", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--global_batch_size=8"],
-     "train_graph.py"),
+    Rung("+ CUDA graph (bf16, fused)", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16"], "train_graph.py",
+         step=10),
+    Rung("+ torch.compile (bf16, fused)", [*BF16_FUSED, "--jit_mode=compile"], step=9),
+    Rung("+ fused Adam (bf16)", BF16_FUSED, step=6),
+    # fused: the scaler's inf check stays on the device, so fp16 and bf16 compare like for like
+    Rung("gpu-inmem + AMP fp16 + fused Adam", ["--data_loader_config=gpu-inmem", "--amp_mode=fp16", "--enable_fused"],
+         step=5),
+    Rung("batch 8: + CUDA graph", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--global_batch_size=8"],
+         "train_graph.py", step=13),
+    Rung("batch 8: gpu-inmem bf16 fused", [*BF16_FUSED, "--global_batch_size=8"], step=12),
+    Rung("gpu-inmem", ["--data_loader_config=gpu-inmem"], step=3),
+    Rung("gpu-inmem + AMP bf16", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16"], step=4),
+    Rung("+ channels_last (bf16, fused)", [*BF16_FUSED, "--channels_last"], step=7),
+    Rung("+ TorchScript loss (bf16, fused)", [*BF16_FUSED, "--enable_jit"], step=8),
 ]
 DALI_RUNGS = [
-    ("DALI (bf16, fused)", ["--data_loader_config=dali-lowmem", "--num_data_workers=8", "--amp_mode=bf16",
-                            "--enable_fused"], "train.py"),
+    Rung("DALI (bf16, fused)", ["--data_loader_config=dali-lowmem", "--num_data_workers=8", "--amp_mode=bf16",
+                                "--enable_fused"], step=11),
+]
+HOST_LOADER_RUNGS = [
+    Rung("lowmem, 8 workers", ["--data_loader_config=lowmem", "--num_data_workers=8"], nbatches=5, step=2),
+    Rung("baseline: lowmem, 2 workers", ["--data_loader_config=lowmem", "--num_data_workers=2"], nbatches=5, step=1),
 ]
 # The loader comparison of the tutorial's CPU section: crop 32, batch 8, a width-16 U-Net. The first
 # rung is the original tutorial's lowmem loader: the same reads, but one of 24 rotations applied to
 # the grid alone (its velocity components were never turned); the second is this repository's.
 ORIGINAL_AUGMENTATION = ["--augment=rotations", "--nbody_vector_channels=[]", "--hydro_vector_channels=[]"]
 CPU_RUNGS = [
-    ("original's lowmem: 24 rotations, velocities not turned, 2 workers",
-     ["--data_loader_config=lowmem", "--num_data_workers=2", *ORIGINAL_AUGMENTATION], "train.py"),
-    ("lowmem: 48 symmetries, velocities turned, 2 workers", ["--data_loader_config=lowmem", "--num_data_workers=2"],
-     "train.py"),
-    ("inmem, 2 workers", ["--data_loader_config=inmem", "--num_data_workers=2"], "train.py"),
-    ("gpu-inmem on CPU tensors", ["--data_loader_config=gpu-inmem"], "train.py"),
+    Rung("original's lowmem: 24 rotations, velocities not turned, 2 workers",
+         ["--data_loader_config=lowmem", "--num_data_workers=2", *ORIGINAL_AUGMENTATION], step=1),
+    Rung("lowmem: 48 symmetries, velocities turned, 2 workers", ["--data_loader_config=lowmem", "--num_data_workers=2"],
+         step=2),
+    Rung("inmem, 2 workers", ["--data_loader_config=inmem", "--num_data_workers=2"], step=3),
+    Rung("gpu-inmem on CPU tensors", ["--data_loader_config=gpu-inmem"], step=4),
 ]
+
+
+def rungs_for(preset, dali=None):
+    """The preset's rungs in the order they are measured (DALI's when it is importable)."""
+    if preset == "cpu":
+        return CPU_RUNGS
+    if dali is None:
+        dali = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
+    return GPU_RUNGS + (DALI_RUNGS if dali else []) + HOST_LOADER_RUNGS
+
+
 PRESETS = {
     "gpu": {"options": ["--config=base"], "box": 256},
     "cpu": {"options": ["--config=demo", "--global_batch_size=8"], "box": 128},
 }
 
 
-def measure_rung(options, script, args):
+def measure_rung(options, script, args, nbatches):
     """Build what `python <script> <options>` would train and time it; returns the trial summary."""
     params = load_params(options)
     device = train.pick_device(params, World())  # as train.py: cuDNN autotuning and TF32 as the rung says
@@ -101,7 +128,7 @@ def measure_rung(options, script, args):
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     return run_trials(lambda x, y: step_fn(move(x), move(y)), train_loader, device,
-                      nbatches=args.nbatches, ntrials=args.ntrials, nwarmup=args.nwarmup,
+                      nbatches=nbatches, ntrials=args.ntrials, nwarmup=args.nwarmup,
                       batch_size=params.global_batch_size, flops_per_sample=unet_flops_per_sample(params),
                       peak_flops=peak)
 
@@ -122,7 +149,7 @@ def markdown_table(report):
     def number(value, digits=1):
         return "n/a" if value is None else f"{value:.{digits}f}"
 
-    for run in report["runs"]:
+    for run in sorted(report["runs"], key=lambda run: run.get("step", 0)):  # the ladder's order
         if "error" in run:
             lines.append(f"| {run['name']} | failed: {run['error']} | | | | | |")
             continue
@@ -146,9 +173,7 @@ def main(argv=None):
     preset = PRESETS[args.preset]
     device = torch.device("cuda" if args.preset == "gpu" else "cpu")
     check_preset(args.preset)
-    rungs = CPU_RUNGS if args.preset == "cpu" else GPU_RUNGS + (
-        DALI_RUNGS if importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali") else [])
-    rungs = [rung for rung in rungs if args.only in rung[0]]
+    rungs = [rung for rung in rungs_for(args.preset) if args.only in rung.name]
 
     name = device_name(device.type == "cuda")
     stamp = datetime.datetime.now(datetime.timezone.utc)
@@ -166,21 +191,22 @@ def main(argv=None):
     report = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
               "date": stamp.isoformat(timespec="seconds"), "command": "python -m benchmarks.ladder "
               + " ".join(sys.argv[1:] if argv is None else argv), "runs": []}
-    for name, options, script in rungs:
-        logging.info("=== %s: %s %s", name, script, " ".join(options))
+    for rung in rungs:
+        logging.info("=== %s: %s %s", rung.name, rung.script, " ".join(rung.options))
         gc.collect()  # the last rung's model, optimiser and graph go now, not into this rung's peak memory
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        entry = {"name": rung.name, "step": rung.step, "script": rung.script, "options": rung.options}
         try:
-            summary = measure_rung(common + options, script, args)
+            nbatches = min(args.nbatches, rung.nbatches or args.nbatches)
+            summary = measure_rung(common + rung.options, rung.script, args, nbatches)
         except Exception as error:  # one broken rung must not lose the others' numbers
-            logging.exception("rung %r failed", name)
-            report["runs"].append({"name": name, "script": script, "options": options, "error": str(error)[:200]})
+            logging.exception("rung %r failed", rung.name)
+            report["runs"].append({**entry, "error": str(error)[:200]})
             write_report(base, report)
             continue
-        run = {"name": name, "script": script, "options": options, "full": summary["full"],
-               "synthetic": summary["synthetic"], "io": summary["io"], "mfu": summary["mfu"],
-               "peak_mem_gb": summary["peak_mem_gb"]}
+        run = {**entry, "nbatches": nbatches, "full": summary["full"], "synthetic": summary["synthetic"],
+               "io": summary["io"], "mfu": summary["mfu"], "peak_mem_gb": summary["peak_mem_gb"]}
         report["runs"].append(run)
         logging.info("%s", json.dumps(run))
         write_report(base, report)  # after every rung: a run stopped at a time limit keeps what it measured

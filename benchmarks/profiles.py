@@ -155,7 +155,26 @@ def try_nsys(nsys, command, out_base, log_path, timeout):
     return {"error": f"{nsys} made no report ({outcome(code)}), see {os.path.basename(log_path)}"}
 
 
-def profile_rung(rung, preset, args, common, work_dir, device):
+NSYS_PROBE = ("import torch; torch.cuda.profiler.start(); x = torch.ones(1 << 20, device='cuda'); "
+              "torch.cuda.synchronize(); torch.cuda.profiler.stop()")
+
+
+def probe_nsys(work_dir, timeout):
+    """``(nsys, None)`` when an nsys here can make a report of a ten-second CUDA program, else
+    ``(None, why)``: on some machines nsys writes a .qdstrm capture and never a report, and trying
+    it on every rung would spend half the stage making nothing."""
+    nsys = find_nsys()
+    if nsys is None:
+        return None, "no nsys found (PATH, /opt/nvidia, /usr/local/cuda)"
+    os.makedirs(work_dir, exist_ok=True)
+    result = try_nsys(nsys, ["-c", NSYS_PROBE], os.path.join(work_dir, "nsys_probe"),
+                      os.path.join(work_dir, "nsys_probe.log"), timeout)
+    if "file" in result:
+        return nsys, None
+    return None, f"the probe of {nsys} made no report: {result['error']}"
+
+
+def profile_rung(rung, preset, args, common, work_dir, device, nsys=None, nsys_error=None):
     slug, description, script, options = rung
     steps = args.steps
     batches = steps + 4  # per epoch: the window opens with the second epoch and ends 4 steps before it does
@@ -185,9 +204,8 @@ def profile_rung(rung, preset, args, common, work_dir, device):
     entry.update(summarise_trace(trace, steps))
 
     if args.nsys:
-        nsys = find_nsys()
         if nsys is None:
-            entry["nsys"] = {"error": "no nsys found (PATH, /opt/nvidia, /usr/local/cuda)"}
+            entry["nsys"] = {"error": nsys_error}
         else:
             manual = rung_command(script, common + sizes, options, os.path.join(work_dir, "runs"), slug + "_nsys",
                                   steps, extra=["--enable_manual_profiling"])
@@ -269,10 +287,13 @@ def main(argv=None):
 
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     command = "python -m benchmarks.profiles " + shlex.join(sys.argv[1:] if argv is None else argv)
+    nsys, nsys_error = probe_nsys(args.work_dir, min(args.timeout, 120)) if args.nsys else (None, None)
+    if args.nsys:
+        print(f"nsys: {nsys}" if nsys else f"nsys: not used ({nsys_error})", flush=True)
     entries = []
     for rung in rungs:
         print(f"=== {rung[0]}: {rung[1]}", flush=True)
-        entry = profile_rung(rung, preset, args, common, args.work_dir, name)
+        entry = profile_rung(rung, preset, args, common, args.work_dir, name, nsys, nsys_error)
         print(json.dumps({k: v for k, v in entry.items() if k != "top_kernels"}), flush=True)
         entries.append(entry)
         # After every rung, so that a run stopped at a time limit keeps the index of what it made.

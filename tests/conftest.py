@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from utils.generate_data import generate_box, write_h5
 
@@ -20,6 +21,13 @@ def dali_installed():
 
 # CI installs DALI (test_data_loader_dali.py fails there without it); elsewhere its tests skip.
 needs_dali = pytest.mark.skipif(not dali_installed(), reason="needs nvidia-dali (requirements-dali.txt)")
+
+
+def needs_cuda(reason="needs a CUDA device"):
+    """Mark a GPU-only test: skipped without CUDA, and selected by ``-m gpu`` (benchmarks/gpu_suite.sh)."""
+    def mark(test):
+        return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason=reason)(test))
+    return mark
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import sys
 # a real folder of links instead, because the ladder writes its results next to its own file.
 LINKED = ["train.py", "train_graph.py", "utils", "networks", "config", "benchy_config.yaml", "export_DDP_vars.sh",
           "submit_pm.sh", "Makefile", "requirements.txt", "requirements-test.txt", "requirements-dali.txt",
-          "example_logs", "start_tensorboard.ipynb"]
+          "example_logs", "start_tensorboard.ipynb", "figures"]
 
 
 def bash_blocks(text):
@@ -98,7 +98,7 @@ def make_scratch(directory, root):
     os.makedirs(os.path.join(directory, "data"))
     os.makedirs(os.path.join(directory, "benchmarks"))
     for name in os.listdir(os.path.join(root, "benchmarks")):
-        if name.endswith(".py"):
+        if name.endswith((".py", ".sh")):
             os.symlink(os.path.join(root, "benchmarks", name), os.path.join(directory, "benchmarks", name))
     if sys.prefix != sys.base_prefix:  # a venv: link its parts, so .venv/bin/python is this environment
         venv = os.path.join(directory, ".venv")

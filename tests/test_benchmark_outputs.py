@@ -141,5 +141,5 @@ def test_the_gpu_suite_reruns_its_stages_over_their_own_results():
     with open(os.path.join(ROOT, "benchmarks", "gpu_suite.sh")) as f:
         script = f.read().replace("\\\n", " ")
     commands = re.findall(r"^ +timeout .* -m benchmarks\.(\w+)(.*)$", script, flags=re.M)  # the stages' commands
-    assert sorted(tool for tool, _ in commands) == ["ladder", "profiles", "scaling"]
+    assert sorted(tool for tool, _ in commands) == ["ladder", "layers", "profiles", "scaling"]
     assert all("--overwrite" in options.split() for _, options in commands), commands

@@ -1,6 +1,7 @@
 """benchmarks/profiles.py: real short runs of train.py leave traces, a summary and an honest README."""
 import gzip
 import json
+import os
 
 import pytest
 
@@ -48,3 +49,28 @@ def test_gpu_trace_summary_from_known_kernels():
     assert summary["phase_ms_per_step"] == {"step": 10.0, "forward": 4.0}
     assert summary["kernel_ms_per_step"] == 8.0 and summary["device_busy"] == 0.8
     assert [(k["name"], k["share"], k["calls"]) for k in summary["top_kernels"]] == [("conv", 0.75, 2), ("adam", 0.25, 2)]
+
+
+FAKE_NSYS = """#!/bin/sh
+# A stand-in for nsys: writes what it is told to into the -o path.
+while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done
+touch "$out.$KIND"
+"""
+
+
+@pytest.mark.parametrize("kind, works", [("nsys-rep", True), ("qdstrm", False)])
+def test_nsys_is_probed_once_before_the_rungs(tmp_path, monkeypatch, kind, works):
+    """An nsys that writes a capture but no report (seen on a GPU machine) is not used on any rung."""
+    from benchmarks.profiles import probe_nsys
+
+    fake = tmp_path / "bin" / "nsys"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_NSYS)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("KIND", kind)
+    nsys, why = probe_nsys(str(tmp_path / "work"), timeout=30)
+    if works:
+        assert nsys == str(fake) and why is None
+    else:
+        assert nsys is None and "made no report" in why and ".qdstrm capture but no .nsys-rep" in why

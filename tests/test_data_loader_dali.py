@@ -1,4 +1,5 @@
-"""The dali-lowmem loader, in DALI's CPU-only mode: a real pipeline on real .npy files, no mocks.
+"""The dali-lowmem loader, in DALI's CPU-only mode (and on the GPU where there is one): a real
+pipeline on real .npy files, no mocks.
 
 Its samples must be the native loader's, bit for bit: same crops, same symmetry elements, the
 vector channels turned the same way.
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import dali_installed, needs_dali
+from conftest import dali_installed, needs_cuda, needs_dali
 from utils import get_data_loader_distributed, symmetry
 from utils.YParams import YParams
 from utils.convert_h5_to_npy import convert
@@ -98,6 +99,22 @@ def test_batches_equal_the_native_loaders_epoch_after_epoch(h5_with_npy):
             for (a, b), (c, d) in zip(ours, theirs):
                 assert_bits_equal(a.numpy(), c.numpy())
                 assert_bits_equal(b.numpy(), d.numpy())
+
+
+@needs_dali
+@needs_cuda("DALI's GPU pipeline needs a CUDA device")
+def test_on_the_gpu_the_batches_are_the_native_loaders_and_stay_valid(h5_with_npy):
+    """Augmentation on the GPU, zero-copy into torch: a whole epoch's batches held, then compared."""
+    changes = {"crop_size": 16, "Nsamples_val": 6}
+    dali = get_data_loader_distributed(make_params(h5_with_npy, **changes), 0, torch.device("cuda"))
+    native = get_data_loader_distributed(make_params(h5_with_npy, data_loader_config="inmem", **changes), 0, None)
+    for which in (0, 1):
+        for epoch in (0, 1):
+            ours, theirs = epoch_batches(dali[which], epoch), epoch_batches(native[which], epoch)
+            assert len(ours) == len(theirs) and all(x.device.type == "cuda" for x, _ in ours)
+            for (a, b), (c, d) in zip(ours, theirs):
+                assert_bits_equal(a.cpu().numpy(), c.numpy())
+                assert_bits_equal(b.cpu().numpy(), d.numpy())
 
 
 @needs_dali

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import needs_cuda
 from utils import get_data_loader_distributed, symmetry
 from utils.YParams import YParams
 from utils.data_loader import build_dataset
@@ -181,7 +182,7 @@ def test_iterating_calls_nothing_that_synchronises(data_files):
         assert batches and not record.names & SYNCHRONISING, record.names & SYNCHRONISING
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@needs_cuda()
 def test_no_host_synchronisation_on_cuda(data_files):
     device = torch.device("cuda", torch.cuda.current_device())
     train_loader, val_loader = get_data_loader_distributed(make_params(data_files), 0, device)

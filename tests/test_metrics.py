@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import needs_cuda
 from utils.generate_data import gaussian_smooth, generate_box
 from utils.metrics import (FIELD_NAMES, ValidationMetrics, binned_power, format_metrics, k_bins, overdensity,
                            pearson_per_sample, power_ratio, power_spectrum_figure)
@@ -204,7 +205,7 @@ def test_the_report_and_the_figure(target):
     assert len(np.unique(image.reshape(-1, 3), axis=0)) > 20  # lines and text, not a blank canvas
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@needs_cuda()
 def test_update_never_waits_for_the_gpu(target):
     prediction, truth = (0.9 * target).cuda(), target.cuda()
     metrics = ValidationMetrics()

@@ -105,6 +105,14 @@ def test_quoted_benchmark_numbers_are_those_of_the_results_file_linked():
     assert checked >= 7, "the README quotes the CPU ladder, the CPU scaling run and the DDP knobs"
 
 
+def test_every_cpu_scaling_command_names_its_ranks():
+    """Without --ranks the CPU preset runs 1, 2, 4, ... up to every core of the machine: ten torchrun runs on
+    a 16-core GPU node. The README's CPU commands name the sizes they were measured with (the GPU
+    preset's default, every GPU of the node, is what it is for)."""
+    commands = [command for command in readme_commands(README) if "benchmarks.scaling --preset cpu" in command]
+    assert len(commands) >= 4 and all("--ranks" in command for command in commands), commands
+
+
 def test_large_batch_table_is_that_of_the_example_logs():
     """The README's large-batch table: each run's batch, epochs, steps and final loss, from its committed logs."""
     section = README.split("### Large-batch convergence", 1)[1].split("\n## ", 1)[0]
@@ -143,6 +151,7 @@ NOT_RUN = [
     (r"nsys profile .*", "needs Nsight Systems and a GPU; tests/test_profiling.py checks the NVTX ranges and "
                          "the profiler window"),
     (r"python -m benchmarks\.ladder", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
+    (r"python -m benchmarks\.layers", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
     (r"python -m benchmarks\.profiles", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
     (r"python -m benchmarks\.scaling", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
     (r"python train_graph\.py .*", "needs a CUDA GPU (CUDA graphs); tests/test_train_graph.py compares graph and "
@@ -263,6 +272,19 @@ def check_ladder(scratch, output):
     assert report["runs"] and all("error" not in run and run["full"] > 0 for run in report["runs"]), report["runs"]
 
 
+def check_layers(scratch, output):
+    (path,) = glob.glob(os.path.join(scratch, "layers_out", "*-fp32.json"))
+    with open(path) as f:
+        report = json.load(f)
+    assert len(report["layers"]) == 10 and report["total"]["gflop"] == pytest.approx(report["total"]["model_gflop"])
+    assert "The layers' FLOPs add up to the model's" in output
+
+
+def check_plan(scratch, output):
+    assert re.findall(r"^stage (\w+): about \d+ s of 540 s \(fits\)$", output, flags=re.M) == \
+        ["tests", "ladder", "profiles", "scaling"]
+
+
 def check_profiles(scratch, output):
     with open(os.path.join(scratch, "profiles_out", "profiles.json")) as f:
         [entry] = json.load(f)["profiles"]
@@ -352,13 +374,15 @@ RUN = {
         append=TINY.replace(" --num_epochs=1", ""),
         env={"BENCHY_CONFIG_FILE": "{scratch}/benchy.yaml"}, check=check_benchy("demo")),
     "python -m benchmarks.ladder --preset cpu": Run(append="--nbatches 2 --ntrials 1 --nwarmup 1", check=check_ladder),
+    "python -m benchmarks.layers --preset cpu": Run(append="--repeats 1 --out_dir layers_out", check=check_layers),
+    "benchmarks/gpu_suite.sh --plan": Run(env={"PYTHON": sys.executable}, data=False, check=check_plan),
     # One rung, two steps, written into the scratch folder (the default folder, example_logs/, is linked here).
     "python -m benchmarks.profiles --preset cpu": Run(
         append="--only gpu_inmem --steps 2 --data_dir data --out_dir profiles_out", check=check_profiles),
     # One rank (the scaling test, tests/test_plot_scaling.py, runs two), a narrower model, tiny trials.
-    "python -m benchmarks.scaling --preset cpu": Run(
+    "python -m benchmarks.scaling --preset cpu --ranks 1 2": Run(
         append="--ranks 1 --nbatches 2 --ntrials 1 --nwarmup 1 --extra=--base_channels=4", check=check_scaling),
-    "python -m benchmarks.scaling --preset cpu --global_batch_size=16": Run(
+    "python -m benchmarks.scaling --preset cpu --ranks 1 2 --global_batch_size=16": Run(
         append="--nbatches 2 --ntrials 1 --nwarmup 1 --extra=--base_channels=4", check=check_strong_scaling),
     # Batch 32 needs more than TINY's 16 crops per epoch.
     "python train.py --config=demo_bs32_test": Run(

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import needs_cuda
 from utils.errors import UserError
 from utils.symmetry import (
     ELEMENTS,
@@ -296,7 +297,7 @@ def test_apply_torch_rejects_bad_shapes():
         apply_torch(torch.zeros(1, 4, 4, 4), torch.zeros(1, dtype=torch.long))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA to see host syncs")
+@needs_cuda("needs CUDA to see host syncs")
 def test_apply_torch_does_not_synchronise_with_the_host():
     batch = torch.randn(4, 4, 8, 8, 8, device="cuda")
     indices = torch.randint(0, 48, (4,), device="cuda")

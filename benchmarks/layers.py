@@ -1,0 +1,208 @@
+"""The U-Net layer by layer: FLOPs, time and achieved TFLOP/s of every convolution, forward + backward.
+
+    python -m benchmarks.layers                          # GPU: full-scale U-Net, batch 64, crop 64, bf16
+    python -m benchmarks.layers --preset cpu             # CPU: the demo model, batch 8, crop 32, fp32
+    python -m benchmarks.layers --amp_mode=fp16          # any train.py option changes the configuration
+
+Each convolution runs alone, forward and backward, on a random input of the shape it sees in the
+network (with a gradient, except the first layer's, as in training), in the configured precision;
+its FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode``. They add up to the whole
+model's count (80.5 GFLOP per 64^3 sample at full scale), which the table checks. Beside each
+layer: the time per batch, the TFLOP/s it achieves, and its share of a whole training step (the
+same batch through ``train.py``'s step, optimiser included, timed alone). On a GPU this shows
+where the model FLOP utilisation goes: the thin first and last layers (4 and 5 channels) use
+tensor cores poorly, and the deep layers see tiny spatial sizes.
+
+Results: ``benchmarks/results/layers/<device>-<date>-<precision>.json`` and ``.md`` (refused if
+they exist: ``--out_dir`` elsewhere, or ``--overwrite``).
+"""
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+
+import train
+from benchmarks.common import ROOT, argument_parser, check_preset, claim_files, device_name, device_slug
+from utils.YParams import load_params
+from utils.conv3d import check_conv3d, cudnn_text, precision_of
+from utils.distributed import World
+from utils.errors import exit_on_user_error
+from utils.flops import resolve_peak_flops, unet_flops_per_sample
+from utils.losses import build_loss
+from utils.optim import Precision, build_optimizer
+
+PRESETS = {
+    "gpu": {"options": ["--config=base", "--amp_mode=bf16", "--device=cuda"], "repeats": 20},
+    "cpu": {"options": ["--config=demo", "--device=cpu"], "repeats": 3},
+}
+
+
+def convolutions(model):
+    """``(name, module)`` of every convolution, in the order the forward pass runs them."""
+    layers = [(f"down {i + 1}", block[0]) for i, block in enumerate(model.down)]
+    layers += [(f"up {len(model.up) - i}", block[0]) for i, block in enumerate(model.up)]
+    return layers + [("last", model.last)]
+
+
+def input_shapes(params, batch):
+    """The input shape of each convolution in a forward pass of ``batch`` samples (on the meta device)."""
+    with torch.device("meta"):
+        model = train.UNet(params.N_in_channels, params.N_out_channels, params.base_channels, params.full_scale)
+        shapes = {}
+
+        def record(name):
+            def hook(module, args):
+                shapes[name] = tuple(args[0].shape)  # returns None: the input goes on unchanged
+            return hook
+
+        hooks = [module.register_forward_pre_hook(record(name)) for name, module in convolutions(model)]
+        model(torch.empty(batch, params.N_in_channels, *[params.crop_size] * 3))
+    for hook in hooks:
+        hook.remove()
+    return model, shapes
+
+
+def layer_flops(params, batch):
+    """``[(name, module, input shape, forward + backward FLOPs)]`` per convolution; counted on the meta device."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, shapes = input_shapes(params, batch)
+    rows = []
+    for index, (name, module) in enumerate(convolutions(model)):
+        counter = FlopCounterMode(display=False)
+        with counter:
+            x = torch.empty(shapes[name], device="meta", requires_grad=index > 0)  # the data needs no gradient
+            module(x).sum().backward()
+        rows.append((name, module, tuple(shapes[name]), float(counter.get_total_flops())))
+    return rows
+
+
+def time_it(function, device, repeats):
+    """Mean seconds per call after two untimed calls; the device is synchronised around the timed ones."""
+    for _ in range(2):
+        function()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        function()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # waits for the device: the calls' work is inside the timing
+    return (time.perf_counter() - start) / repeats
+
+
+def time_layer(module, shape, first, precision, device, memory_format, repeats):
+    layer = type(module)(module.in_channels, module.out_channels, kernel_size=4, stride=2, padding=1)
+    layer = layer.to(device, memory_format=memory_format)
+    x = torch.randn(shape, device=device).to(memory_format=memory_format).requires_grad_(not first)
+
+    def forward_backward():
+        with precision.autocast():
+            out = layer(x)
+        out.backward(torch.ones_like(out))
+
+    return time_it(forward_backward, device, repeats)
+
+
+def time_step(params, device, batch, repeats):
+    """Seconds of one whole training step as train.py takes it (model, loss, backward, Adam)."""
+    model = train.build_model(params, device)
+    optimizer = build_optimizer(params, model)
+    precision = Precision(params.amp_mode, device)
+    step = train.default_step(model, optimizer, build_loss(params), precision, params)
+    memory_format = train.memory_format(params)
+    inputs = torch.randn(batch, params.N_in_channels, *[params.crop_size] * 3, device=device)
+    targets = torch.randn(batch, params.N_out_channels, *[params.crop_size] * 3, device=device)
+    inputs, targets = inputs.to(memory_format=memory_format), targets.to(memory_format=memory_format)
+    return time_it(lambda: step(inputs, targets), device, repeats)
+
+
+def measure(params, device, repeats):
+    batch = params.global_batch_size
+    precision = Precision(params.amp_mode, device)
+    memory_format = train.memory_format(params)
+    rows = []
+    for index, (name, module, shape, flops) in enumerate(layer_flops(params, batch)):
+        seconds = time_layer(module, shape, index == 0, precision, device, memory_format, repeats)
+        kind = "ConvTranspose3d" if isinstance(module, torch.nn.ConvTranspose3d) else "Conv3d"
+        rows.append({"layer": name, "kind": kind, "in_channels": module.in_channels,
+                     "out_channels": module.out_channels, "input_side": shape[-1], "gflop": flops / 1e9,
+                     "ms": 1e3 * seconds, "tflops": flops / seconds / 1e12})
+    step_seconds = time_step(params, device, batch, repeats)
+    for row in rows:
+        row["share_of_step"] = row["ms"] / 1e3 / step_seconds
+    return rows, step_seconds
+
+
+def markdown(report):
+    lines = [f"Measured by `{report['command']}` on {report['device']} (torch {report['torch']}, CUDA "
+             f"{report['cuda'] or 'none'}, cuDNN {cudnn_text(report['cudnn'])}), {report['date']}: batch {report['batch']}, crop "
+             f"{report['crop']}^3, {report['precision']}. Each convolution forward + backward alone; share: of "
+             "one whole training step.", "",
+             "| layer | kind | channels | input side | GFLOP | ms | TFLOP/s | share of the step |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in report["layers"]:
+        lines.append(f"| {row['layer']} | {row['kind']} | {row['in_channels']} -> {row['out_channels']} "
+                     f"| {row['input_side']} | {row['gflop']:.2f} | {row['ms']:.2f} | {row['tflops']:.2f} "
+                     f"| {row['share_of_step']:.1%} |")
+    total = report["total"]
+    lines += [f"| all convolutions | | | | {total['gflop']:.2f} | {total['ms']:.2f} | {total['tflops']:.2f} "
+              f"| {total['share_of_step']:.1%} |",
+              f"| training step | | | | {total['model_gflop']:.2f} | {total['step_ms']:.2f} "
+              f"| {total['step_tflops']:.2f} | 100.0% |", "",
+              f"The layers' FLOPs add up to the model's: {total['gflop']:.3f} GFLOP = {total['model_gflop']:.3f} "
+              f"GFLOP per batch ({total['model_gflop'] / report['batch']:.2f} GFLOP per sample)."
+              + (f" Model FLOP utilisation of the step: {total['mfu']:.1%} of {report['peak_tflops']:g} TFLOP/s."
+                 if total.get("mfu") is not None else "")]
+    return "\n".join(lines) + "\n"
+
+
+@exit_on_user_error
+def main(argv=None):
+    parser = argument_parser(__doc__, PRESETS)
+    parser.add_argument("--out_dir", default=os.path.join(ROOT, "benchmarks", "results", "layers"))
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per layer (default: the preset's)")
+    args, options = parser.parse_known_args(argv)
+    check_preset(args.preset)
+    params = load_params([*PRESETS[args.preset]["options"], *options])
+    train.check_crop_size(params)
+    device = train.pick_device(params, World())  # cuDNN autotuning and TF32 as the options say
+    precision = precision_of(params.amp_mode, params.tf32, device)
+    stamp = datetime.datetime.now(datetime.timezone.utc)
+    name = device_name(device.type == "cuda")
+    base = os.path.join(args.out_dir, f"{device_slug(name)}-{stamp:%Y-%m-%d}-{precision}")
+    claim_files([base + ".json", base + ".md"], args.overwrite, earlier="an earlier run on this device today")
+
+    warnings = check_conv3d(device, params.amp_mode, params.tf32, params.channels_last)
+    rows, step_seconds = measure(params, device, args.repeats or PRESETS[args.preset]["repeats"])
+    batch = params.global_batch_size
+    flops, model_flops = sum(row["gflop"] for row in rows) * 1e9, unet_flops_per_sample(params) * batch
+    if abs(flops - model_flops) > 1e-6 * model_flops:
+        raise AssertionError(f"the layers' FLOPs ({flops:.6g}) do not add up to the model's ({model_flops:.6g})")
+    peak, _ = resolve_peak_flops(device, precision)
+    seconds = sum(row["ms"] for row in rows) / 1e3
+    report = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
+              "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
+              "date": stamp.isoformat(timespec="seconds"), "batch": batch, "crop": params.crop_size,
+              "precision": precision, "conv3d_warnings": warnings, "peak_tflops": peak / 1e12 if peak else None,
+              "command": "python -m benchmarks.layers " + " ".join(sys.argv[1:] if argv is None else argv),
+              "layers": rows,
+              "total": {"gflop": flops / 1e9, "ms": 1e3 * seconds, "tflops": flops / seconds / 1e12,
+                        "share_of_step": seconds / step_seconds, "model_gflop": model_flops / 1e9,
+                        "step_ms": 1e3 * step_seconds, "step_tflops": model_flops / step_seconds / 1e12,
+                        "mfu": model_flops / step_seconds / peak if peak else None}}
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(base + ".json", "w") as f:
+        json.dump(report, f, indent=1)
+    table = markdown(report)
+    with open(base + ".md", "w") as f:
+        f.write(table)
+    print(table)
+    print(f"Results: {base}.json, {base}.md")
+
+
+if __name__ == "__main__":
+    main()

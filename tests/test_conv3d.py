@@ -1,0 +1,70 @@
+"""utils/conv3d.py: the 3-D convolution health check, fed the version combinations it must recognise (CPU)."""
+import logging
+
+import pytest
+import torch
+
+from utils import conv3d
+from utils.conv3d import check_conv3d, cudnn_text, known_issues
+
+
+@pytest.mark.parametrize("torch_version, cudnn, precision, expected", [
+    ("2.9.0+cu130", 90800, "bf16", "torch 2.9.0"),      # cuDNN off for AMP 3-D convolutions
+    ("2.9.0a0+ngc", 91300, "fp16", "torch 2.9.0"),      # NGC's pre-release names count as the release
+    ("2.9.0+cu128", 90701, "bf16", None),               # before cuDNN 9.8: unaffected
+    ("2.9.1+cu130", 91300, "fp16", "9.8 to 9.14"),      # re-enabled only from cuDNN 9.15
+    ("2.11.0+cu130", 91400, "bf16", "9.8 to 9.14"),
+    ("2.9.1+cu130", 91500, "bf16", None),
+    ("2.11.0+cu130", 91002, "tf32", "TF32"),            # TF32 off for 3-D convolutions on 9.10.2 to 9.15
+    ("2.11.0+cu130", 91600, "tf32", None),
+    ("2.11.0+cu130", 91300, "fp32", None),              # TF32 switched off by the user: nothing to lose
+    ("2.8.0+cu128", 91002, "bf16", None),
+    ("2.13.0+cpu", None, "bf16", None),                 # no cuDNN at all
+])
+def test_known_bad_combinations_are_recognised(torch_version, cudnn, precision, expected):
+    issues = known_issues(torch_version, cudnn, precision)
+    if expected is None:
+        assert issues == []
+    else:
+        assert len(issues) == 1 and issues[0].source.startswith("https://github.com/pytorch/pytorch/")
+        text = issues[0].problem
+        assert {"torch 2.9.0": "PyTorch 2.9.0", "9.8 to 9.14": "9.8 to 9.14", "TF32": "TF32"}[expected] in text
+
+
+def test_cudnn_versions_read_as_people_write_them():
+    assert [cudnn_text(v) for v in (91002, 90800, 8902, None)] == ["9.10.2", "9.8.0", "8.9.2", "none"]
+
+
+def test_a_cpu_run_logs_its_backend_and_no_warning(caplog):
+    caplog.set_level(logging.INFO)
+    assert check_conv3d(torch.device("cpu"), "none", True) == []
+    line = next(r.message for r in caplog.records if r.message.startswith("3-D convolutions:"))
+    assert f"torch {torch.__version__}" in line and "cuDNN none; fp32 convolutions run on " in line
+    assert "unknown" not in line  # torch's dispatcher answered for both kinds of convolution
+
+
+def fake_gpu(monkeypatch, torch_version, cudnn, backends):
+    """The versions and dispatcher answers of a GPU machine, without one (nothing else touches CUDA)."""
+    monkeypatch.setattr(torch, "__version__", torch_version)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: cudnn)
+    monkeypatch.setattr(conv3d, "conv_backends", lambda *args: backends)
+
+
+def test_a_known_bad_gpu_setup_warns_with_the_fix(monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    fake_gpu(monkeypatch, "2.9.0+cu130", 91300, ("SlowDilated3d", "SlowTranspose3d"))
+    warnings = check_conv3d(torch.device("cuda"), "bf16", True)
+    assert len(warnings) == 1 and "PyTorch 2.9.1 or newer with cuDNN 9.15 or newer" in warnings[0]
+    assert "cuDNN 9.13.0; bf16 convolutions run on SlowDilated3d" in caplog.text
+    assert "3-D convolutions are slow here" in caplog.text
+
+
+def test_gpu_convolutions_off_cudnn_warn_even_when_the_table_does_not_know_why(monkeypatch):
+    fake_gpu(monkeypatch, "2.12.0+cu130", 91700, ("SlowDilated3d", "CudnnTranspose"))
+    warnings = check_conv3d(torch.device("cuda"), "fp16", True)
+    assert len(warnings) == 1 and "not on cuDNN" in warnings[0]
+
+
+def test_a_healthy_gpu_setup_is_quiet(monkeypatch):
+    fake_gpu(monkeypatch, "2.11.0+cu130", 91700, ("Cudnn", "CudnnTranspose"))
+    assert check_conv3d(torch.device("cuda"), "bf16", True) == []

@@ -1,0 +1,34 @@
+"""benchmarks/layers.py: the per-layer table on the CPU preset, and the FLOPs that add up to the model's."""
+import json
+
+import pytest
+
+from benchmarks import layers
+from utils.flops import unet_flops_per_sample
+from utils.YParams import YParams
+
+
+def test_full_scale_layers_add_up_to_80_5_gflop_per_sample():
+    params = YParams("config/UNet.yaml", "base")  # full scale, width 64, crop 64
+    rows = layers.layer_flops(params, batch=1)
+    names = [f"down {i}" for i in range(1, 7)] + [f"up {i}" for i in range(5, 0, -1)] + ["last"]
+    assert [name for name, *_ in rows] == names
+    assert [shape[-1] for _, _, shape, _ in rows] == [64, 32, 16, 8, 4, 2, 1, 2, 4, 8, 16, 32]
+    total = sum(flops for *_, flops in rows)
+    assert total == pytest.approx(unet_flops_per_sample(params), rel=1e-9)
+    assert total == pytest.approx(80.5e9, rel=0.01)
+
+
+def test_cpu_preset_writes_the_table_and_refuses_to_overwrite_it(tmp_path, capsys):
+    layers.main(["--preset", "cpu", "--out_dir", str(tmp_path), "--repeats", "1"])
+    [path] = tmp_path.glob("*-fp32.json")
+    report = json.loads(path.read_text())
+    assert len(report["layers"]) == 10 and report["batch"] == 8 and report["crop"] == 32
+    assert sum(row["gflop"] for row in report["layers"]) == pytest.approx(report["total"]["model_gflop"])
+    assert all(row["ms"] > 0 and row["tflops"] > 0 and 0 < row["share_of_step"] < 1 for row in report["layers"])
+    output = capsys.readouterr().out
+    assert "| last | ConvTranspose3d | 32 -> 5 | 16 |" in output and "The layers' FLOPs add up" in output
+    assert path.with_suffix(".md").read_text() in output
+    with pytest.raises(SystemExit):  # exit_on_user_error: the results of the first run are kept
+        layers.main(["--preset", "cpu", "--out_dir", str(tmp_path), "--repeats", "1"])
+    assert "already holds" in capsys.readouterr().err
