@@ -223,6 +223,7 @@ fi
 # shellcheck disable=SC2016  # expanded by the task's shell, not here
 TASK='
 source ./export_DDP_vars.sh || exit 2
+echo "$(date "+%Y-%m-%d %H:%M:%S") submit_pm.sh: rank $RANK (local rank $LOCAL_RANK) of $WORLD_SIZE on $(hostname)"
 if [ "$ENABLE_PROFILING" = 1 ]; then
     if ! command -v nsys >/dev/null; then
         echo "submit_pm.sh: error: ENABLE_PROFILING=1 but nsys (Nsight Systems) is not on PATH where the ranks run (image or module)." >&2

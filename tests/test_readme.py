@@ -135,7 +135,7 @@ def test_large_batch_table_is_that_of_the_example_logs():
 # ----------------------------------------------------------------------------- the commands not run here
 
 SLURM = ("needs a Slurm cluster with GPU nodes (Perlmutter); submit_pm.sh itself is submitted to a real "
-         "one-node Slurm by tests/test_slurm.py")
+         "two-node Slurm by tests/test_slurm.py")
 # (regular expression matched against the whole command, reason)
 NOT_RUN = [
     (r"make demo", "tests/test_demo.py runs the demo's training end to end; here it would also build .venv"),

@@ -1,12 +1,13 @@
-"""submit_pm.sh under a real Slurm: a one-node cluster on this machine, no mocks.
+"""submit_pm.sh under a real Slurm: a two-node cluster on this machine, no mocks.
 
-The session fixture installs Debian's slurm-wlm and munge if needed (as root), starts munged (unless
-it runs already), slurmctld and slurmd with a fresh state directory (tests/slurm/cluster.sh), and
-stops what it started at the end. Every job submits the unchanged ./submit_pm.sh with sbatch; only
-sbatch flags (which override the script's Perlmutter #SBATCH lines) and environment variables
-differ from Perlmutter:
+The session fixture installs Debian's slurm-wlm, munge and iproute2 if needed (as root), starts munged
+(unless it runs already), slurmctld, and two slurmd, each node in a network namespace of its own with
+its own hostname and address (tests/slurm/cluster.sh), and stops what it started at the end. Every job
+submits the unchanged ./submit_pm.sh with sbatch; only sbatch flags (which override the script's
+Perlmutter #SBATCH lines) and environment variables differ from Perlmutter:
 
     sbatch -n 2 --ntasks-per-node=2 --cpus-per-task=1 --gpus-per-node=0 --constraint= ./submit_pm.sh ...
+    sbatch -N 2 --ntasks-per-node=1 --cpus-per-task=1 --gpus-per-node=0 --constraint= ./submit_pm.sh ...
     with CONTAINER=none DATA_DIR=... TRAIN_FILE=... VAL_FILE=... LOG_DIR=... MASTER_PORT=<free port>
 
 Without root and without Slurm the module is skipped, except under CI (the CI variable set), where
@@ -16,12 +17,15 @@ import math
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import ROOT
 
@@ -50,17 +54,20 @@ def unavailable(reason):
 
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
-    """A running one-node cluster; yields the environment for its client commands."""
+    """A running two-node cluster; yields the environment for its client commands."""
     if os.geteuid() != 0:
         unavailable("the test cluster needs root (slurmctld and slurmd run as root)")
-    if not shutil.which("slurmctld"):
+    if not all(shutil.which(tool) for tool in ("slurmctld", "munged", "ip", "nsenter", "unshare")):
         result = subprocess.run([CLUSTER, "install"], capture_output=True, text=True, timeout=900)
         if result.returncode != 0:
-            unavailable(f"could not install slurm-wlm and munge:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+            unavailable(f"could not install slurm-wlm, munge and iproute2:\n{result.stdout[-2000:]}"
+                        f"{result.stderr[-2000:]}")
     state = tmp_path_factory.mktemp("slurm")
-    env = {**os.environ, "SLURMCTLD_PORT": str(free_port()), "SLURMD_PORT": str(free_port())}
+    # Names and a subnet of this session's own, so that a cluster someone else runs here is left alone.
+    env = {**os.environ, "SLURMCTLD_PORT": str(free_port()), "SLURMD_PORT": str(free_port()),
+           "SLURM_CLUSTER_NAME": f"t{os.getpid() % 10**5}", "SUBNET": f"10.213.{os.getpid() % 250}"}
     env = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
-    started = subprocess.run([CLUSTER, "start", str(state)], env=env, capture_output=True, text=True,
+    started = subprocess.run([CLUSTER, "start", str(state), "2"], env=env, capture_output=True, text=True,
                              timeout=180)
     try:
         assert started.returncode == 0, f"the test cluster did not start:\n{started.stdout}{started.stderr}"
@@ -81,6 +88,7 @@ class Job:
     """One submission of submit_pm.sh: its id, output file and run directories."""
 
     def __init__(self, slurm, tmp_path, flags, args, **env):
+        tmp_path.mkdir(parents=True, exist_ok=True)
         self.log_dir = tmp_path / "logs"
         self.env = {**slurm, "CONTAINER": "none", "LOG_DIR": str(self.log_dir), "MASTER_PORT": str(free_port()),
                     **env}
@@ -118,6 +126,17 @@ class Job:
         return self.log_dir / config / f"{ranks}CPU" / (run_num or self.id)
 
 
+def ranks_on(output):
+    """(rank, local rank, hostname) of each rank, from submit_pm.sh's line per task."""
+    return sorted(re.findall(r"submit_pm\.sh: rank (\d+) \(local rank (\d+)\) of \d+ on (\S+)", output))
+
+
+def scalars(run_dir, tag):
+    events = EventAccumulator(str(run_dir / "logs"), size_guidance={"scalars": 0})
+    events.Reload()
+    return [(event.step, event.value) for event in events.Scalars(tag)]
+
+
 def assert_completed(job, info):
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), job.output()[-6000:]
 
@@ -128,7 +147,8 @@ def test_two_gloo_ranks_train_under_sbatch(slurm, data_dir, tmp_path):
     assert_completed(job, info)
     output = job.output()
     run_dir = job.run_dir()  # no --run_num: the run is named after the job id
-    assert f"MASTER_ADDR={socket.gethostname().split('.')[0]}:" in output
+    node = re.search(r"MASTER_ADDR=(node\d):", output).group(1)  # one node: both ranks there
+    assert ranks_on(output) == [("0", "0", node), ("1", "1", node)]
     assert re.search(rf"Device: cpu; 2 rank\(s\);.* run directory {re.escape(str(run_dir))}", output), output[-6000:]
     for epoch in (1, 2):
         assert re.search(rf"Time taken for epoch {epoch} is [\d.]+ sec", output), output[-3000:]
@@ -227,3 +247,97 @@ def test_bad_input_stops_before_any_rank(slurm, data_dir, tmp_path, env, message
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "2:0"), output
     assert "submit_pm.sh: error: " in output and message in output, output
     assert "running: srun" not in output and "Configuration" not in output  # no rank started
+
+
+# ----------------------------------------------------------------------------- two nodes
+
+TWO_NODES = ["-N", "2", "--ntasks-per-node=1", "--cpus-per-task=1", "--gpus-per-node=0", "--constraint="]
+ONE_NODE = ["-N", "1", "-n", "2", *NEUTRAL]
+# Long enough (about 4 s an epoch here) for a signal or a kill to land in the middle of training.
+LONG_RUN = ["--config=test", "--device=cpu", "--Nsamples=256", "--num_epochs=6", "--base_channels=8",
+            "--global_batch_size=8", "--val_metrics=false"]
+
+
+def when_checkpointed(job, run_dir, timeout=180):
+    """Wait until the run's first checkpoint exists (training is under way); fail if the job ended first."""
+    job.wait(timeout=timeout, until=lambda info: (run_dir / "checkpoint.pt").exists()
+             or info.get("JobState") in FINAL_STATES)
+    assert job.info()["JobState"] == "RUNNING", job.output()[-6000:]
+
+
+def test_two_nodes_train_as_one_node_does(slurm, data_dir, tmp_path):
+    """Rank 0 on node1, rank 1 on node2, the rendezvous on node1: the same losses as two ranks on one node."""
+    readme = Path(ROOT, "README.md").read_text()
+    assert f"sbatch {' '.join(TWO_NODES)} ./submit_pm.sh --config=test --device=cpu" in readme  # what it says is tested
+    args = ["--config=test", "--device=cpu", "--Nsamples=32", "--num_epochs=2"]
+    two = Job(slurm, tmp_path / "two", TWO_NODES, args, **data_dir)
+    one = Job(slurm, tmp_path / "one", ONE_NODE, args, **data_dir)
+    for job in (two, one):
+        assert_completed(job, job.wait(timeout=240))
+    output = two.output()
+    assert "2 rank(s) on node[1-2], MASTER_ADDR=node1:" in output
+    assert ranks_on(output) == [("0", "0", "node1"), ("1", "0", "node2")]  # LOCAL_RANK 0 on each node
+    assert len(set(host for *_, host in ranks_on(one.output()))) == 1
+    for tag in ("Loss/train", "Loss/valid"):
+        (steps, losses), (same_steps, same_losses) = (zip(*scalars(job.run_dir(), tag)) for job in (two, one))
+        assert steps == same_steps == (0, 8, 16) and losses == pytest.approx(same_losses, rel=1e-6), tag
+    assert "Traceback" not in output
+
+
+def test_two_nodes_stop_requeue_and_resume_to_the_same_result(slurm, data_dir, tmp_path):
+    """The time-limit warning (what --signal=B:USR1@180 sends: SIGUSR1 to the batch shell), sent while
+    both nodes train: checkpoint, requeue, and a resumed run on two nodes that ends as an uninterrupted one."""
+    whole = Job(slurm, tmp_path / "whole", TWO_NODES, LONG_RUN, **data_dir)
+    cut = Job(slurm, tmp_path / "cut", TWO_NODES, LONG_RUN, **data_dir)
+    when_checkpointed(cut, cut.run_dir())
+    warning = subprocess.run(["scancel", "--signal=USR1", "--batch", cut.id], env=cut.env, capture_output=True,
+                             text=True, timeout=30)
+    assert warning.returncode == 0, warning.stderr
+    info = cut.wait(timeout=240)
+    assert_completed(cut, info)
+    assert info["Restarts"] == "1", cut.output()[-6000:]
+    output = cut.output()  # both attempts
+    for expected in ("submit_pm.sh: received SIGUSR1", "requeueing job", f"restart 1 of job {cut.id}", "--resume"):
+        assert expected in output, (expected, output[-6000:])
+    assert ranks_on(output) == [("0", "0", "node1"), ("0", "0", "node1"), ("1", "0", "node2"), ("1", "0", "node2")]
+    log = (cut.run_dir() / "out.log").read_text()
+    assert re.search(r"Stopped at step \d+ \(epoch \d+\) with a checkpoint", log), log[-3000:]
+    assert re.search(r"Resumed from .*checkpoint\.pt at epoch \d+, step \d+\.", log), log[-3000:]
+    assert_completed(whole, whole.wait(timeout=240))
+    (step, final), (same_step, same_final) = (scalars(job.run_dir(), "Loss/valid")[-1] for job in (cut, whole))
+    assert step == same_step == 6 * 32 and final == pytest.approx(same_final, rel=1e-5, abs=1e-7)
+
+
+def test_two_nodes_a_killed_rank_ends_the_job_instead_of_hanging_it(slurm, data_dir, tmp_path):
+    """SIGKILL to rank 1 on node2 (a crashed node): rank 0 on node1 stops within the process-group
+    timeout with one paragraph, the job FAILS, and the last checkpoint is whole."""
+    job = Job(slurm, tmp_path, TWO_NODES, [*LONG_RUN, "--dist_timeout_s=60"], **data_dir)
+    when_checkpointed(job, job.run_dir())
+    [pid] = [pid for pid, rank in rank_processes(job.id) if rank == "1"]
+    os.kill(int(pid), signal.SIGKILL)
+    killed = time.time()
+    info = job.wait(timeout=120)
+    assert time.time() - killed < 60 + 30  # the timeout, and Slurm's time to notice the job's end
+    output = job.output()
+    assert info["JobState"] == "FAILED", output[-6000:]
+    assert "error: Rank 0 of 2 stopped because a collective operation with the other ranks failed" in output, \
+        output[-6000:]
+    position = torch.load(job.run_dir() / "checkpoint.pt", weights_only=True)["position"]
+    assert position["epoch"] >= 1 and position["step"] > 0
+
+
+def rank_processes(job_id):
+    """(pid, RANK) of the python processes training for Slurm job ``job_id`` (all nodes share this machine)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = dict(item.split("=", 1) for item in
+                           open(f"/proc/{entry}/environ", "rb").read().decode(errors="replace").split("\0") if "=" in item)
+            cmdline = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if environ.get("SLURM_JOB_ID") == job_id and b"train.py" in cmdline and "RANK" in environ:
+            found.append((entry, environ["RANK"]))
+    return found
