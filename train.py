@@ -242,9 +242,11 @@ def log_epoch(tensorboard, epoch, losses, elapsed, optimizer, model, params, wor
     logging.info("Time taken for epoch %d is %s sec, avg %s samples/sec", epoch + 1, elapsed,
                  steps * params.global_batch_size / elapsed)
     logging.info("  Avg train loss=%f", train_loss)
-    if step == steps:  # the run's first epoch  # the loss of the first batch, before any update: the train loss at step 0
+    if step == steps:  # the run's first epoch
+        # The first batch's loss, before any update, is the train loss at step 0; and after a step every
+        # state exists: what parameters, gradients and optimiser state cost each rank.
         tensorboard.scalar("Loss/train", all_reduce_mean(losses[0].clone(), world).item(), 0)
-        memory = memory_report(model, optimizer)  # what parameters, gradients and optimiser state cost
+        memory = memory_report(model, optimizer)
         logging.info("Memory per rank: %s", describe_memory(memory))
         for key, value in memory.items():
             tensorboard.scalar(f"Memory/{key}_MiB", value / 2**20, step)

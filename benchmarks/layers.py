@@ -139,7 +139,8 @@ def measure(params, device, repeats):
 
 def markdown(report):
     lines = [f"Measured by `{report['command']}` on {report['device']} (torch {report['torch']}, CUDA "
-             f"{report['cuda'] or 'none'}, cuDNN {cudnn_text(report['cudnn'])}), {report['date']}: batch {report['batch']}, crop "
+             f"{report['cuda'] or 'none'}, cuDNN {cudnn_text(report['cudnn'])}), {report['date']}: "
+             f"batch {report['batch']}, crop "
              f"{report['crop']}^3, {report['precision']}. Each convolution forward + backward alone; share: of "
              "one whole training step.", "",
              "| layer | kind | channels | input side | GFLOP | ms | TFLOP/s | share of the step |",

@@ -82,7 +82,8 @@ def test_bs512_test_keeps_the_scaled_rate_across_the_end_of_the_warmup():
 
 
 def test_train_counts_the_originals_total_steps():
-    """train.py's total (epochs x training batches per epoch) is the original's num_epochs * (Nsamples // global batch)."""
+    """train.py's total (epochs x training batches per epoch) is the original's
+    num_epochs * (Nsamples // global batch)."""
     from utils.data_loader import get_data_loaders
 
     for config in CONFIG_NAMES:

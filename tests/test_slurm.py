@@ -333,8 +333,8 @@ def rank_processes(job_id):
         if not entry.isdigit():
             continue
         try:
-            environ = dict(item.split("=", 1) for item in
-                           open(f"/proc/{entry}/environ", "rb").read().decode(errors="replace").split("\0") if "=" in item)
+            text = open(f"/proc/{entry}/environ", "rb").read().decode(errors="replace")
+            environ = dict(item.split("=", 1) for item in text.split("\0") if "=" in item)
             cmdline = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
         except OSError:
             continue
