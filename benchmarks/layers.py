@@ -27,10 +27,10 @@ import torch
 import train
 from benchmarks.common import ROOT, argument_parser, check_preset, claim_files, device_name, device_slug
 from utils.YParams import load_params
-from utils.conv3d import check_conv3d, cudnn_text, precision_of
+from utils.conv3d import check_conv3d, cudnn_text
 from utils.distributed import World
 from utils.errors import exit_on_user_error
-from utils.flops import resolve_peak_flops, unet_flops_per_sample
+from utils.flops import precision_of, resolve_peak_flops, unet_flops_per_sample
 from utils.losses import build_loss
 from utils.optim import Precision, build_optimizer
 
@@ -171,7 +171,7 @@ def main(argv=None):
     params = load_params([*PRESETS[args.preset]["options"], *options])
     train.check_crop_size(params)
     device = train.pick_device(params, World())  # cuDNN autotuning and TF32 as the options say
-    precision = precision_of(params.amp_mode, params.tf32, device)
+    precision = precision_of(params.amp_mode, params.tf32 and device.type == "cuda")
     stamp = datetime.datetime.now(datetime.timezone.utc)
     name = device_name(device.type == "cuda")
     base = os.path.join(args.out_dir, f"{device_slug(name)}-{stamp:%Y-%m-%d}-{precision}")

@@ -14,7 +14,7 @@ UTILS_IMPORTS = {
     "YParams": {"errors"},
     "benchy": {"errors", "flops"},  # benchy's reports include the MFU
     "checkpoint": {"distributed", "files"},  # FSDP shards are gathered into one file
-    "conv3d": set(),
+    "conv3d": {"flops"},  # the precision the convolutions run in
     "convert_h5_to_npy": {"errors", "files"},
     "data_loader": {"symmetry", "errors", "signals"},  # workers shielded from the job's stop signals
     "data_loader_dali": {"convert_h5_to_npy", "data_loader", "errors"},  # reads what the converter writes

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from utils.flops import precision_of
+
 # (first, last) version ranges are inclusive; None leaves a side open. cuDNN versions are
 # torch.backends.cudnn.version()'s integers: 90800 is 9.8.0, 91002 is 9.10.2.
 FIX_CUDNN = ("Use PyTorch 2.9.1 or newer with cuDNN 9.15 or newer (e.g. pip install 'nvidia-cudnn-cu13>=9.15' "
@@ -74,13 +76,6 @@ def known_issues(torch_version, cudnn_version, precision):
             and _within(release, issue.torch) and _within(cudnn_version, issue.cudnn)]
 
 
-def precision_of(amp_mode, tf32, device):
-    """The arithmetic the convolutions run in: bf16, fp16, tf32 (float32 on a TF32-capable GPU) or fp32."""
-    if amp_mode in ("bf16", "fp16"):
-        return amp_mode
-    return "tf32" if tf32 and device.type == "cuda" else "fp32"
-
-
 def conv_backends(device, dtype, memory_format=torch.contiguous_format):
     """PyTorch's choice of backend for the U-Net's convolutions: (Conv3d, ConvTranspose3d) names.
 
@@ -109,7 +104,7 @@ def check_conv3d(device, amp_mode, tf32, channels_last=False):
 
     Returns the warnings (empty when all is well), for the caller to keep (the ladder stores them).
     """
-    precision = precision_of(amp_mode, tf32, device)
+    precision = precision_of(amp_mode, tf32 and device.type == "cuda")  # TF32 exists on GPUs only
     cudnn = torch.backends.cudnn.version() if device.type == "cuda" else None
     memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
     forward, transposed = conv_backends(device, AMP_DTYPES.get(amp_mode, torch.float32), memory_format)
