@@ -34,6 +34,11 @@ GLOBAL_BATCH = 4
 STEPS = 3
 LR = 1e-3
 SEED = 0
+# float64: the exact tests compare two ranks with one after several Adam steps, and Adam turns a
+# rounding difference in a near-zero gradient element into a step of the order of the learning rate.
+# In float32 that made the weights of some CPUs (2-core AMD EPYC) differ by 2e-5 after three steps;
+# in float64 every x86-64 CPU agrees to far below any real bug's effect (the broken variants show one).
+DTYPE = torch.float64
 
 # Each variant's config overrides on top of the `test` config.
 VARIANTS = {
@@ -47,6 +52,16 @@ VARIANTS = {
 }
 
 
+def summed_all_reduce(state, bucket):
+    """A deliberately wrong DDP: the ranks' gradients added up instead of averaged."""
+    work = torch.distributed.all_reduce(bucket.buffer(), async_op=True)
+    return work.get_future().then(lambda future: future.value()[0])
+
+
+# Variants with a bug on purpose, to show that the exact tests fail on one: DDP with this comm hook.
+BROKEN = {"ddp_summed": summed_all_reduce}
+
+
 def make_params(**overrides):
     params = YParams(os.path.join(ROOT, "config", "UNet.yaml"), "test")
     params.update(overrides)
@@ -56,16 +71,18 @@ def make_params(**overrides):
 def global_batch(step):
     """The same global batch on every rank (and in the one-rank reference) for a given step."""
     generator = torch.Generator().manual_seed(1000 + step)
-    inputs = torch.randn(GLOBAL_BATCH, 4, CROP, CROP, CROP, generator=generator)
-    targets = torch.rand(GLOBAL_BATCH, 5, CROP, CROP, CROP, generator=generator) * 2 - 1
+    inputs = torch.randn(GLOBAL_BATCH, 4, CROP, CROP, CROP, generator=generator, dtype=DTYPE)
+    targets = torch.rand(GLOBAL_BATCH, 5, CROP, CROP, CROP, generator=generator, dtype=DTYPE) * 2 - 1
     return inputs, targets
 
 
-def build(params, world, device):
+def build(params, world, device, hook=None):
     """The same initial U-Net on every rank, wrapped, and its Adam (made after wrapping, for FSDP)."""
     torch.manual_seed(SEED)
-    model = UNet(base_channels=4, full_scale=False).to(device)
+    model = UNet(base_channels=4, full_scale=False).to(device, DTYPE)
     model = distributed.parallelize(model, params, world, device)
+    if hook is not None:
+        model.register_comm_hook(state=None, hook=hook)
     return model, torch.optim.Adam(model.parameters(), lr=LR)
 
 
@@ -80,13 +97,13 @@ def train_step(model, optimizer, world, step):
     return loss
 
 
-def train(params, world, device=torch.device("cpu"), steps=STEPS):
+def train(params, world, device=torch.device("cpu"), steps=STEPS, hook=None):
     """Train a few steps; return full first-step gradients, final states and the memory report.
 
     Every rank returns its own full weights (to show that the ranks agree); the gathered
     checkpoint states exist on rank 0 only, as in train.py.
     """
-    model, optimizer = build(params, world, device)
+    model, optimizer = build(params, world, device, hook)
     named = list(distributed.bare_model(model).named_parameters())
     for step in range(steps):
         train_step(model, optimizer, world, step)
@@ -130,9 +147,11 @@ def broadcast_object(value, world):
 
 def run_variants(world, out_dir):
     device = torch.device("cpu")
-    for name, overrides in VARIANTS.items():
+    runs = [(name, overrides, None) for name, overrides in VARIANTS.items()]
+    runs += [(name, {}, hook) for name, hook in BROKEN.items()]
+    for name, overrides, hook in runs:
         try:
-            result = train(make_params(**overrides), world, device)
+            result = train(make_params(**overrides), world, device, hook=hook)
             torch.save(result, os.path.join(out_dir, f"{name}.rank{world.rank}.pt"))
         except Exception:  # recorded per variant, so that each test reports its own failure
             with open(os.path.join(out_dir, f"{name}.rank{world.rank}.error"), "w") as f:
