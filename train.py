@@ -18,11 +18,10 @@ import sys
 import time
 
 import torch
-import yaml
 
 from networks.UNet import UNet
 from utils import get_data_loader_distributed, lr_schedule
-from utils.YParams import load_params
+from utils.YParams import load_params, write_yaml
 from utils.benchy import check_benchy_options, wrap_for_benchy
 from utils.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from utils.conv3d import check_conv3d
@@ -105,7 +104,7 @@ def create_run_dir(run_dir, params, world):
         os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
         log_to_file(os.path.join(run_dir, "out.log"))
         with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-            yaml.safe_dump({**params.to_dict(), "world_size": world.size}, f, sort_keys=False)
+            write_yaml({**params.to_dict(), "world_size": world.size}, f)
 
 
 def build_model(params, device):
