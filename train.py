@@ -160,7 +160,7 @@ def train_step(model, optimizer, loss_fn, precision, inputs, targets):
     """
     with annotate("forward"), precision.autocast():
         loss = loss_fn(model(inputs), targets)
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad()
     with annotate("backward"):
         precision.scaler.scale(loss).backward()
     with annotate("optimizer"):

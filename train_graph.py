@@ -55,7 +55,7 @@ def make_graph_step(model, optimizer, loss_fn, precision, params):
         else:
             if not static:
                 static["inputs"], static["targets"] = inputs.clone(), targets.clone()
-                optimizer.zero_grad(set_to_none=True)  # backward in the graph makes the gradients
+                optimizer.zero_grad()  # backward in the graph makes the gradients
                 # thread_local: the DataLoader's pin-memory thread may use CUDA during the capture.
                 with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                     static["loss"] = eager_step(static["inputs"], static["targets"])

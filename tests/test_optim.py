@@ -1,9 +1,12 @@
 """Precision and optimiser choices: what each option really gives, and refusals of what cannot work."""
 import logging
+import os
+import sys
 
 import pytest
 import torch
 
+from conftest import ROOT, run_train
 from networks.UNet import UNet
 from utils.YParams import load_params
 from utils.errors import UserError
@@ -71,3 +74,81 @@ def test_tf32_switch():
 def test_unknown_jit_mode_is_refused():
     with pytest.raises(UserError, match="jit_mode=trace is not a valid choice"):
         params_with("--jit_mode=trace")
+
+
+# ----------------------------------------------------------------------------- NVIDIA apex (a stand-in)
+
+STANDINS = os.path.join(ROOT, "tests", "standins")
+
+
+@pytest.fixture
+def apex_standin(monkeypatch):
+    """tests/standins/apex importable for one test (the real NVIDIA apex needs CUDA), forgotten afterwards."""
+    monkeypatch.syspath_prepend(STANDINS)
+    yield
+    for name in [name for name in sys.modules if name == "apex" or name.startswith("apex.")]:
+        del sys.modules[name]
+
+
+def test_enable_apex_builds_apex_fused_adam_as_the_original(apex_standin, caplog):
+    from apex.optimizers import FusedAdam
+    with caplog.at_level(logging.INFO):
+        optimizer = build_optimizer(params_with("--enable_apex"), UNet(base_channels=4, full_scale=False))
+    assert type(optimizer) is FusedAdam and optimizer.adam_w_mode == 0 and not optimizer.capturable
+    assert "not importable" not in caplog.text
+
+
+def test_the_graph_variant_says_it_does_not_use_apex(apex_standin, caplog):
+    with caplog.at_level(logging.INFO):
+        optimizer = build_optimizer(params_with("--enable_apex"), UNet(base_channels=4, full_scale=False),
+                                    capturable=True)
+    assert type(optimizer) is torch.optim.Adam and optimizer.defaults["capturable"]
+    assert "apex's FusedAdam is not used by train.py's CUDA-graph variant" in caplog.text
+
+
+@pytest.mark.parametrize("overrides, syncs", [
+    ([], True),                                  # plain Adam: GradScaler reads the inf check with .item()
+    (["--enable_fused"], False),                 # torch's fused Adam takes it as a tensor
+    (["--enable_apex"], False),                  # apex's FusedAdam, made capturable for fp16
+])
+def test_fp16_steps_wait_for_the_device_only_with_plain_adam(apex_standin, monkeypatch, caplog, overrides, syncs):
+    """The rule of build_optimizer: with fp16, GradScaler.step takes the host-synchronising path
+    (_maybe_opt_step, which calls .item() on the inf check) only for an optimiser that cannot take
+    the check as a tensor, and train.py says so in its log. A step with an inf gradient is skipped."""
+    calls = []
+    original = torch.amp.GradScaler._maybe_opt_step
+    monkeypatch.setattr(torch.amp.GradScaler, "_maybe_opt_step",
+                        lambda self, *args, **kwargs: calls.append(1) or original(self, *args, **kwargs))
+    model = UNet(base_channels=4, full_scale=False)
+    with caplog.at_level(logging.INFO):
+        optimizer = build_optimizer(params_with("--amp_mode=fp16", *overrides), model)
+    assert ("one host sync per step" in caplog.text) is syncs
+    scaler = torch.amp.GradScaler("cpu")
+    inputs = torch.randn(1, 4, 32, 32, 32)
+    for factor in (1.0, float("inf")):
+        before = [p.detach().clone() for p in model.parameters()]
+        optimizer.zero_grad()
+        scaler.scale(model(inputs).mean() * factor).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        changed = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+        assert changed is (factor == 1.0)  # the inf step is skipped, on whichever path
+    assert bool(calls) is syncs
+
+
+def test_a_demo_epoch_with_apex_runs_and_resumes(tmp_path, data_files):
+    """train.py --enable_apex where NVIDIA apex is importable (the stand-in on PYTHONPATH): it calls
+    apex's argument-less zero_grad, trains an epoch in fp32 and resumes from the checkpoint, and
+    trains in fp16 with the capturable FusedAdam."""
+    env = {**os.environ, "PYTHONPATH": STANDINS}
+    common = ["--config=test", f"--train_path={data_files['train']}", f"--val_path={data_files['valid']}",
+              f"--expdir={tmp_path}", "--enable_apex", "--val_metrics=false", "--Nsamples=8", "--Nsamples_val=4"]
+    runs = {"none": [["--num_epochs=1"], ["--num_epochs=2", "--resume"]], "fp16": [["--num_epochs=1"]]}
+    for amp_mode, commands in runs.items():
+        for options in commands:
+            run_train([*common, f"--run_num={amp_mode}", f"--amp_mode={amp_mode}", *options], env=env)
+        log = (tmp_path / "test" / "1CPU" / amp_mode / "out.log").read_text()
+        assert "apex is not importable" not in log and "DONE ---- rank 0" in log
+        assert log.count("Time taken for epoch") == len(commands)
+        assert ("Resumed from" in log) is (len(commands) == 2)
+        assert ("FusedAdam(capturable=True)" in log) is (amp_mode == "fp16")
