@@ -1,4 +1,5 @@
 """Precision and optimiser choices: what each option really gives, and refusals of what cannot work."""
+import contextlib
 import logging
 import os
 import sys
@@ -10,7 +11,7 @@ from conftest import ROOT, run_train
 from networks.UNet import UNet
 from utils.YParams import load_params
 from utils.errors import UserError
-from utils.optim import Precision, build_optimizer, configure_tf32, set_learning_rate
+from utils.optim import Precision, build_optimizer, check_autocast, configure_tf32, set_learning_rate
 
 CPU = torch.device("cpu")
 
@@ -152,3 +153,22 @@ def test_a_demo_epoch_with_apex_runs_and_resumes(tmp_path, data_files):
         assert log.count("Time taken for epoch") == len(commands)
         assert ("Resumed from" in log) is (len(commands) == 2)
         assert ("FusedAdam(capturable=True)" in log) is (amp_mode == "fp16")
+
+
+@pytest.mark.parametrize("capability, refused", [((7, 0), True), ((7, 5), True), ((8, 0), False), ((9, 0), False)])
+def test_bf16_needs_compute_capability_8(monkeypatch, capability, refused):
+    """V100 (7.0) and T4 (7.5) emulate bf16, and torch.cuda.is_bf16_supported() says True there by default."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU")
+    probes = []
+    monkeypatch.setattr(torch, "autocast", lambda *args, **kwargs: probes.append(1) or contextlib.nullcontext())
+    cuda = torch.device("cuda", 0)
+    if refused:
+        with pytest.raises(UserError, match=r"compute capability 8\.0.*a GPU has 7\.\d"):
+            check_autocast(cuda, torch.bfloat16, "bf16")
+        assert not probes
+    else:  # past the check, to the autocast probe (which needs a real GPU to go further)
+        with pytest.raises((UserError, AssertionError, RuntimeError)):
+            check_autocast(cuda, torch.bfloat16, "bf16")
+        assert probes

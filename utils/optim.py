@@ -44,9 +44,12 @@ class Precision:
 
 def check_autocast(device, dtype, amp_mode):
     """Refuse a precision that this device and torch build cannot autocast to, before training."""
-    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        raise UserError(f"--amp_mode=bf16 needs a GPU with bfloat16 support (Ampere or newer); "
-                        f"{torch.cuda.get_device_name(device)} has none. Use --amp_mode=fp16 or none.")
+    # Not torch.cuda.is_bf16_supported(): by default it counts emulation and says True on V100 and T4,
+    # where bf16 convolutions run emulated, far slower than fp16. Tensor cores for bf16 start at sm_80.
+    if device.type == "cuda" and dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) < (8, 0):
+        raise UserError(f"--amp_mode=bf16 needs a GPU with bfloat16 tensor cores (compute capability 8.0, "
+                        f"Ampere, or newer); {torch.cuda.get_device_name(device)} has "
+                        f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}. Use --amp_mode=fp16 or none.")
     try:
         with torch.autocast(device.type, dtype=dtype):
             probe = torch.nn.functional.conv3d(torch.ones(1, 1, 2, 2, 2, device=device),
