@@ -211,13 +211,13 @@ def check_generated(side_train, side_valid, folder="data"):
         for name, side in (("synthetic_train", side_train), ("synthetic_valid", side_valid)):
             with h5py.File(os.path.join(scratch, folder, f"{name}.h5")) as f:
                 assert f["Nbody"].shape == (4, side, side, side) and f["Hydro"].shape == (5, side, side, side)
-            assert os.path.isfile(os.path.join(scratch, folder, f"{name}_npy", "data.npy"))
+            assert os.path.isfile(os.path.join(scratch, folder, f"{name}_data.npy"))
     return check
 
 
 def check_npy(scratch, output):
-    data = np.load(os.path.join(scratch, "data", "synthetic_train_npy", "data.npy"), mmap_mode="r")
-    label = np.load(os.path.join(scratch, "data", "synthetic_train_npy", "label.npy"), mmap_mode="r")
+    data = np.load(os.path.join(scratch, "data", "synthetic_train_data.npy"), mmap_mode="r")
+    label = np.load(os.path.join(scratch, "data", "synthetic_train_label.npy"), mmap_mode="r")
     assert data.shape == (64, 64, 64, 4) and label.shape == (64, 64, 64, 5)  # channel last
 
 
