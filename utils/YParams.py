@@ -52,7 +52,7 @@ CHOICES = {
 POSITIVE_INTS = ("crop_size", "Nsamples", "Nsamples_val", "num_epochs", "global_batch_size",
                  "base_batch_size", "base_channels", "bucket_cap_mb", "profile_start_epoch", "profile_steps",
                  "memory_snapshot_steps", "dist_timeout_s", "graph_warmup_steps")
-NON_NEGATIVE = ("num_data_workers", "warmup_steps", "start_lr", "end_lr", "lambda_rho")
+NON_NEGATIVE = ("num_data_workers", "warmup_steps", "start_lr", "end_lr", "lambda_rho", "checkpoint_interval_s")
 
 # What each run option means, for --help (the config keys are described by their comments in the YAML file).
 RUN_OPTION_HELP = {
