@@ -105,7 +105,7 @@ def test_a_committed_record_is_what_the_code_makes_of_its_command(path):
 
 def test_the_check_sees_a_changed_default_and_a_renamed_key():
     arguments = ["--config=demo", "--num_epochs=2"]
-    current = load_params(arguments).to_dict()
+    current = load_params(arguments, 1, DEFAULT_WINDOWS["train.py"]).to_dict()
     assert differences(current, "train.py", arguments) == ([], {})
     assert differences({**current, "lr_scaling": "none"}, "train.py", arguments) == ([], {"lr_scaling": ("none", "sqrt")})
     assert differences({**current, "num_epochs": 4}, "train.py", arguments)[1] == {"num_epochs": (4, 2)}
