@@ -18,13 +18,12 @@ import sys
 import time
 
 import torch
-import yaml
 
 from networks.UNet import UNet
 from utils import get_data_loader_distributed, lr_schedule
-from utils.YParams import load_params
+from utils.YParams import load_params, write_yaml
 from utils.benchy import check_benchy_options, wrap_for_benchy
-from utils.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from utils.checkpoint import CHECKPOINT_NAME, Checkpointer, load_checkpoint
 from utils.conv3d import check_conv3d
 from utils.distributed import (agree_to_stop, all_reduce_mean, check_parallel_options, describe_memory,
                                exit_on_lost_rank, init_process_group, memory_report, parallelize, read_world,
@@ -105,7 +104,7 @@ def create_run_dir(run_dir, params, world):
         os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
         log_to_file(os.path.join(run_dir, "out.log"))
         with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-            yaml.safe_dump({**params.to_dict(), "world_size": world.size}, f, sort_keys=False)
+            write_yaml({**params.to_dict(), "world_size": world.size}, f)
 
 
 def build_model(params, device):
@@ -161,7 +160,7 @@ def train_step(model, optimizer, loss_fn, precision, inputs, targets):
     """
     with annotate("forward"), precision.autocast():
         loss = loss_fn(model(inputs), targets)
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad()
     with annotate("backward"):
         precision.scaler.scale(loss).backward()
     with annotate("optimizer"):
@@ -261,30 +260,28 @@ def validate_and_log(validation, tensorboard, run_dir, params, world, step):
     start = time.time()
     metrics = ValidationMetrics() if params.val_metrics else None
     val_loss, sample = validation(metrics=metrics)
+    # As in the original, the validation time is the loss pass's: the metrics' share is reported apart.
+    metrics_seconds = metrics.clock.seconds() if metrics is not None else 0.0
     logging.info("  Avg val loss=%f", val_loss)
-    logging.info("  Total validation time: %s sec", time.time() - start)
+    logging.info("  Total validation time: %s sec", time.time() - start - metrics_seconds)
     tensorboard.scalar("Loss/valid", val_loss, step)
     lines = []
     if metrics is not None:  # L1 per field, correlations, power-spectrum ratios: one sync, on all ranks
+        start = time.time()
         values = metrics.compute(reduce_fn=lambda tensor: all_reduce_mean(tensor, world))
         for name, value in values.items():
             tensorboard.scalar(f"Metrics/{name}", value, step)
         if world.is_main:
             tensorboard.image("Power spectrum", power_spectrum_figure(
                 metrics.spectra, f"gas overdensity, step {step}"), step)
+        logging.info("  Validation metrics time: %s sec (not in the validation time)",
+                     metrics_seconds + time.time() - start)
         lines = format_metrics(values)
     if params.preview_image and world.is_main:
         image = render_preview(sample, f"{params.config}, step {step}, val loss {val_loss:.4f}")
         save_png(os.path.join(run_dir, "preview.png"), image)
         tensorboard.image("Preview", image, step)
     return lines
-
-
-def checkpoint(run_dir, model, optimizer, precision, position, params, world):
-    """Save (every rank calls: under FSDP all take part in gathering the weights), if checkpoints are on."""
-    if params.checkpoint:
-        save_checkpoint(os.path.join(run_dir, CHECKPOINT_NAME), model, optimizer, precision.scaler,
-                        dataclasses.asdict(position), params, world)
 
 
 def exit_on_signal(stop, position, run_dir, world, tensorboard):
@@ -360,6 +357,7 @@ def main(argv=None, make_step=None, graph_capture=False):
     tensorboard = TensorBoard(os.path.join(run_dir, "logs"), enabled=world.is_main)
     schedule = functools.partial(lr_schedule, total_steps=params.num_epochs * steps_per_epoch, params=params)
     stop = StopSignals(world, device)
+    checkpoints = Checkpointer(run_dir, params, world, device)
     profiling = Profiling(params, world, device, run_dir, steps_per_epoch, position.step)
     # --enable_benchy: the epochs become benchy's trials, and, as in the original, nothing is validated.
     validating = not params.enable_benchy
@@ -387,11 +385,14 @@ def main(argv=None, make_step=None, graph_capture=False):
                     metric_lines = validate_and_log(validation, tensorboard, run_dir, params, world,
                                                     position.step)
                 position = position.next_epoch()
-            checkpoint(run_dir, model, optimizer, precision, position, params, world)
+            stopping = stop.agreed()
+            finished = epoch + 1 == params.num_epochs or getattr(train_loader, "stop_training", False)
+            checkpoints.save(model, optimizer, precision.scaler, dataclasses.asdict(position),
+                             due=stopping or finished)
             tensorboard.flush()
-            if stop.agreed():
+            if stopping:
                 exit_on_signal(stop, position, run_dir, world, tensorboard)
-            if getattr(train_loader, "stop_training", False):  # benchy's trials are all done
+            if finished:  # the last epoch, or benchy's trials are all done
                 break
     finish(tensorboard, metric_lines, run_dir, params, world)
 

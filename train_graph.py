@@ -15,9 +15,12 @@ a device tensor (the schedule updates it in place, so the graph needs no re-capt
 scaler's fused path (no host synchronisation when the optimiser handles inf checks itself), and
 autocast without its weight cache.
 """
+import sys
+
 import torch
 
 from train import main, train_step
+from utils.YParams import wants_help
 from utils.errors import UserError, exit_on_user_error
 
 
@@ -52,7 +55,7 @@ def make_graph_step(model, optimizer, loss_fn, precision, params):
         else:
             if not static:
                 static["inputs"], static["targets"] = inputs.clone(), targets.clone()
-                optimizer.zero_grad(set_to_none=True)  # backward in the graph makes the gradients
+                optimizer.zero_grad()  # backward in the graph makes the gradients
                 # thread_local: the DataLoader's pin-memory thread may use CUDA during the capture.
                 with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                     static["loss"] = eager_step(static["inputs"], static["targets"])
@@ -68,7 +71,7 @@ def make_graph_step(model, optimizer, loss_fn, precision, params):
 
 @exit_on_user_error
 def run():
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not wants_help(sys.argv[1:]):
         raise UserError("train_graph.py captures the training step in a CUDA graph, which needs a CUDA GPU, "
                         "and PyTorch sees none here. Use train.py on this machine (same options).")
     main(make_step=make_graph_step, graph_capture=True)

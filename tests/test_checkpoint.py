@@ -1,11 +1,14 @@
 """Checkpoints: complete or absent, never half written; restored with weights_only; models unwrapped."""
+import logging
 import os
+import re
 
 import pytest
 import torch
 
+from networks.UNet import UNet
 from utils.YParams import YParams
-from utils.checkpoint import load_checkpoint, save_checkpoint
+from utils.checkpoint import Checkpointer, load_checkpoint, save_checkpoint
 from utils.optim import build_optimizer
 from utils.distributed import bare_model
 
@@ -95,3 +98,26 @@ def test_the_resuming_run_keeps_its_own_optimiser_implementation(tmp_path):
     assert float(group["lr"]) == pytest.approx(optimizer.param_groups[0]["lr"])
     state, saved = resumed.state_dict()["state"][0], optimizer.state_dict()["state"][0]
     torch.testing.assert_close(state["exp_avg"], saved["exp_avg"])
+
+
+def test_checkpointer_writes_when_due_and_says_how_long_it_took(tmp_path, caplog):
+    params = YParams("config/UNet.yaml", "test")
+    model = UNet(base_channels=4, full_scale=False)
+    optimizer = torch.optim.Adam(model.parameters())
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    path = tmp_path / "checkpoint.pt"
+    params.update({"checkpoint_interval_s": 3600})
+    checkpoints = Checkpointer(str(tmp_path), params)
+    with caplog.at_level(logging.INFO):
+        checkpoints.save(model, optimizer, scaler, {"epoch": 1, "step": 4, "batch_in_epoch": 0})
+        assert not path.exists()  # an hour has not passed
+        checkpoints.save(model, optimizer, scaler, {"epoch": 1, "step": 6, "batch_in_epoch": 2}, due=True)
+        assert torch.load(path, weights_only=True)["position"]["step"] == 6  # a stop signal: due
+    assert re.search(r"Checkpoint written in [\d.]+ sec \(0\.\d\d GiB\): " + re.escape(str(path)), caplog.text)
+    params.update({"checkpoint_interval_s": 0})
+    Checkpointer(str(tmp_path), params).save(model, optimizer, scaler, {"epoch": 2, "step": 8, "batch_in_epoch": 0})
+    assert torch.load(path, weights_only=True)["position"]["step"] == 8  # every epoch
+    params.update({"checkpoint": False})
+    Checkpointer(str(tmp_path), params).save(model, optimizer, scaler, {"epoch": 3, "step": 9, "batch_in_epoch": 0},
+                                             due=True)
+    assert torch.load(path, weights_only=True)["position"]["step"] == 8  # off

@@ -29,13 +29,14 @@ def test_dali_is_installed_under_ci():
 
 @pytest.fixture(scope="module")
 def h5_with_npy(data_files, tmp_path_factory):
-    """Copies of the train (side 48) and validation (side 32) files, each with its <name>_npy/ beside it."""
+    """Copies of the train (side 48) and validation (side 32) files, each with <name>_data.npy and
+    <name>_label.npy beside it."""
     directory = tmp_path_factory.mktemp("dali")
     paths = {}
     for name, source in data_files.items():
         paths[name] = str(directory / f"{name}.h5")
         shutil.copy(source, paths[name])
-        convert(paths[name])  # the default folder, <name>_npy/, which the loader finds by itself
+        convert(paths[name])  # beside the HDF5 file, where the loader finds them by itself
     return paths
 
 
@@ -155,7 +156,32 @@ def test_missing_npy_files_name_the_converter_command(data_files, tmp_path):
         get_data_loader_distributed(make_params({"train": str(h5_path), "valid": str(h5_path)}), 0, None)
     message = " ".join(str(error.value).split())
     assert f"python -m utils.convert_h5_to_npy -i {h5_path} -d Nbody -l Hydro" in message
-    assert str(tmp_path / "alone_npy" / "data.npy") in message
+    assert str(tmp_path / "alone_data.npy") in message and "--train_path_npy_data" in message
+
+
+@needs_dali
+def test_the_original_npy_keys_and_names(h5_with_npy, tmp_path):
+    """Both directions: copies named as the original's converter names them, kept in another folder,
+    are read through the original's four keys; and what the loader reads by default is exactly the
+    original's layout (<h5 stem>_data.npy and <h5 stem>_label.npy beside the HDF5 file)."""
+    elsewhere = tmp_path / "npy"
+    elsewhere.mkdir()
+    keys = {}
+    for name, split in (("train", "train"), ("valid", "val")):
+        stem = os.path.splitext(h5_with_npy[name])[0]
+        assert npy_paths(make_params(h5_with_npy), 0 if split == "train" else 1) == (f"{stem}_data.npy",
+                                                                                      f"{stem}_label.npy")
+        for kind in ("data", "label"):
+            target = elsewhere / f"downsamp_{name}_{kind}.npy"
+            shutil.copy(f"{stem}_{kind}.npy", target)
+            keys[f"{split}_path_npy_{kind}"] = str(target)
+    missing = {"train": str(tmp_path / "no.h5"), "valid": str(tmp_path / "no.h5")}  # the HDF5 files are not read
+    params = make_params(missing, **keys)
+    train_loader, val_loader = get_data_loader_distributed(params, 0, torch.device("cpu"))
+    default_train, default_val = get_data_loader_distributed(make_params(h5_with_npy), 0, torch.device("cpu"))
+    for loader, reference in ((train_loader, default_train), (val_loader, default_val)):
+        for (a, b), (c, d) in zip(epoch_batches(loader, 0), epoch_batches(reference, 0)):
+            assert torch.equal(a, c) and torch.equal(b, d)
 
 
 @needs_dali

@@ -214,11 +214,9 @@ def test_unknown_or_impossible_physics_is_refused():
 # Generator command line
 
 def test_cli_writes_both_files_and_npy_copies(generated):
-    for name in H5_NAMES:
-        npy_dir = os.path.join(generated, name.replace(".h5", "_npy"))
-        assert sorted(os.listdir(npy_dir)) == ["data.npy", "label.npy"]
-    # No temporary files are left behind.
-    assert sorted(os.listdir(generated)) == sorted([*H5_NAMES, "synthetic_train_npy", "synthetic_valid_npy"])
+    # The original tutorial's names, beside each HDF5 file; no temporary files are left behind.
+    copies = [name.replace(".h5", suffix) for name in H5_NAMES for suffix in ("_data.npy", "_label.npy")]
+    assert sorted(os.listdir(generated)) == sorted([*H5_NAMES, *copies])
 
 
 def test_cli_refuses_to_overwrite_without_force(tmp_path, capsys):
@@ -249,7 +247,7 @@ def test_cli_overwrites_with_force(tmp_path):
         new = f["Hydro"][...]
     assert not np.array_equal(old, new)
     # The .npy copies were refreshed too.
-    assert np.array_equal(np.load(tmp_path / "synthetic_train_npy" / "label.npy"), np.moveaxis(new, 0, -1))
+    assert np.array_equal(np.load(tmp_path / "synthetic_train_label.npy"), np.moveaxis(new, 0, -1))
 
 
 @pytest.mark.parametrize("option, value", [("--train_size", "33"), ("--val_size", "6"),
@@ -325,10 +323,10 @@ def test_converter_round_trip(small_h5, monkeypatch):
     # A tiny slab forces several slabs, so their seams are tested too.
     monkeypatch.setattr(convert_h5_to_npy, "SLAB_BYTES", 5 * 12 * 12 * 4 * 5)
     assert run_main(convert_h5_to_npy.main, ["-i", small_h5, "-d", "Nbody", "-l", "Hydro"]) == 0
-    out_dir = small_h5[:-3] + "_npy"
-    assert sorted(os.listdir(out_dir)) == ["data.npy", "label.npy"]
+    out_dir = os.path.dirname(small_h5)
+    assert sorted(os.listdir(out_dir)) == ["box.h5", "box_data.npy", "box_label.npy"]  # the original's names
     with h5py.File(small_h5, "r") as f:
-        for name, key in (("data.npy", "Nbody"), ("label.npy", "Hydro")):
+        for name, key in (("box_data.npy", "Nbody"), ("box_label.npy", "Hydro")):
             loaded = np.load(os.path.join(out_dir, name))
             assert loaded.dtype == np.float32 and loaded.flags.c_contiguous
             assert np.array_equal(loaded, np.moveaxis(f[key][...], 0, -1))
@@ -337,7 +335,7 @@ def test_converter_round_trip(small_h5, monkeypatch):
 def test_converter_out_dir_and_return_value(small_h5, tmp_path):
     out_dir = str(tmp_path / "elsewhere")
     data_path, label_path = convert_h5_to_npy.convert(small_h5, out_dir=out_dir)
-    assert (data_path, label_path) == (os.path.join(out_dir, "data.npy"), os.path.join(out_dir, "label.npy"))
+    assert (data_path, label_path) == (os.path.join(out_dir, "box_data.npy"), os.path.join(out_dir, "box_label.npy"))
     assert np.load(label_path).shape == (12, 12, 12, 5)
 
 
@@ -345,7 +343,7 @@ def test_converter_matches_generator_output(generated):
     """The copies the generator wrote are the converter's channel-last view of its HDF5 file."""
     with h5py.File(os.path.join(generated, "synthetic_valid.h5"), "r") as f:
         nbody = f["Nbody"][...]
-    data = np.load(os.path.join(generated, "synthetic_valid_npy", "data.npy"))
+    data = np.load(os.path.join(generated, "synthetic_valid_data.npy"))
     assert np.array_equal(data, np.moveaxis(nbody, 0, -1))
 
 
@@ -360,14 +358,14 @@ def test_converter_refuses_a_file_that_is_not_hdf5(tmp_path, capsys):
     path.write_text("not an HDF5 file\n")
     assert run_main(convert_h5_to_npy.main, ["-i", str(path)]) == 2
     assert squeezed(str(path)) in squeezed(capsys.readouterr().err)
-    assert not (tmp_path / "notes_npy").exists()
+    assert sorted(os.listdir(tmp_path)) == ["notes.h5"]
 
 
 def test_converter_refuses_a_missing_dataset(small_h5, capsys):
     assert run_main(convert_h5_to_npy.main, ["-i", small_h5, "-l", "Gas"]) == 2
     error = squeezed(capsys.readouterr().err)
     assert "'Gas'" in error and "Nbody" in error and "Hydro" in error
-    assert not os.path.exists(small_h5[:-3] + "_npy")
+    assert os.listdir(os.path.dirname(small_h5)) == ["box.h5"]
 
 
 def test_converter_refuses_a_dataset_that_is_not_4d(tmp_path, capsys):
@@ -381,11 +379,11 @@ def test_converter_refuses_a_dataset_that_is_not_4d(tmp_path, capsys):
 
 def test_converter_refuses_to_overwrite_without_force(small_h5, capsys):
     assert run_main(convert_h5_to_npy.main, ["-i", small_h5]) == 0
-    out_dir = small_h5[:-3] + "_npy"
+    out_dir = os.path.dirname(small_h5)
     before = snapshot(out_dir)
     capsys.readouterr()
     assert run_main(convert_h5_to_npy.main, ["-i", small_h5]) == 2
     assert "--force" in squeezed(capsys.readouterr().err)
     assert snapshot(out_dir) == before
     assert run_main(convert_h5_to_npy.main, ["-i", small_h5, "--force"]) == 0
-    assert sorted(os.listdir(out_dir)) == ["data.npy", "label.npy"]
+    assert sorted(os.listdir(out_dir)) == ["box.h5", "box_data.npy", "box_label.npy"]

@@ -41,9 +41,16 @@ HUB_PREFIX = "/user/tester/"
 # ----------------------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="module")
-def logdir(data_files, tmp_path_factory):
-    """A log directory holding one real (tiny) training run, with its preview images."""
-    expdir = tmp_path_factory.mktemp("runs")
+def scratch(tmp_path_factory):
+    """A stand-in for Perlmutter's $SCRATCH."""
+    return tmp_path_factory.mktemp("scratch")
+
+
+@pytest.fixture(scope="module")
+def logdir(data_files, scratch):
+    """A log directory holding one real (tiny) training run, with its preview images: where
+    submit_pm.sh writes on Perlmutter, $SCRATCH/sc22-dl-tutorial/logs."""
+    expdir = scratch / "sc22-dl-tutorial" / "logs"
     run_train(["--config=test", "--preview_image", f"--train_path={data_files['train']}",
                f"--val_path={data_files['valid']}", f"--expdir={expdir}", "--run_num=nb"])
     assert (expdir / RUN).is_dir()
@@ -66,7 +73,8 @@ def kernel_specs(tmp_path_factory):
 
 @contextlib.contextmanager
 def running_notebook(kernel_specs, environment, timeout=180):
-    """Execute the notebook from the repository root; yield everything it printed, kernel still alive.
+    """Execute the notebook from the repository root; yield everything it printed and its code cells
+    with their outputs, kernel still alive.
 
     The kernel is shut down on leaving, after the caller has looked at what the notebook started.
     """
@@ -75,8 +83,10 @@ def running_notebook(kernel_specs, environment, timeout=180):
     client = NotebookClient(notebook, km=manager, timeout=timeout, resources={"metadata": {"path": ROOT}})
     try:
         client.execute(env={**os.environ, **environment})
-        yield "\n".join(output.get("text", "") or str(output.get("data", {}).get("text/plain", ""))
-                        for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs)
+        cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
+        yield "\n".join(output.get("text", "") or str(output.get("data", {}).get("text/html", ""))
+                        or str(output.get("data", {}).get("text/plain", ""))
+                        for cell in cells for output in cell.outputs), cells
     finally:
         if run_sync(manager.is_alive)():  # a kernel manager passed in is the caller's to shut down
             run_sync(manager.shutdown_kernel)(now=True)
@@ -95,11 +105,15 @@ def tensorboards_serving(logdir):
 
 
 @pytest.fixture(scope="module")
-def notebook_tensorboard(logdir, kernel_specs):
-    """The TensorBoard that the notebook started, as (pid, url, everything printed); stopped at teardown."""
-    environment = {LOGDIR_VARIABLE: logdir, "JUPYTERHUB_SERVICE_PREFIX": HUB_PREFIX}
+def notebook_tensorboard(logdir, scratch, kernel_specs):
+    """The TensorBoard that the notebook started, as (pid, url, everything printed); stopped at teardown.
+
+    Nothing names the log directory: with $SCRATCH set, the notebook finds the runs where submit_pm.sh
+    writes them, as the original's notebook does on Perlmutter."""
+    environment = {"SCRATCH": str(scratch), "JUPYTERHUB_SERVICE_PREFIX": HUB_PREFIX}
+    assert LOGDIR_VARIABLE not in os.environ
     try:
-        with running_notebook(kernel_specs, environment) as printed:
+        with running_notebook(kernel_specs, environment) as (printed, _):
             match = re.search(r"TensorBoard \(pid (\d+)\) serves (.+) at (http://\S+)", printed)
             assert match, printed
             assert match.group(2) == logdir
@@ -164,14 +178,19 @@ def test_the_nersc_branch_uses_the_magic_and_the_helper(logdir, kernel_specs, tm
                    "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
                    # The magic runs `tensorboard` from PATH; make it this environment's.
                    "TENSORBOARD_BINARY": os.path.join(os.path.dirname(sys.executable), "tensorboard")}
-    with running_notebook(kernel_specs, environment) as printed:
+    with running_notebook(kernel_specs, environment) as (printed, cells):
         try:
             pids = tensorboards_serving(nersc_logdir)
             assert len(pids) == 1, printed
-            port = re.search(r"https://jupyter\.example/user/tester/proxy/(\d+)/", printed).group(1)
-            status, runs = get(f"http://localhost:{port}/data/runs")
+            frame = re.search(r'<iframe[^>]*src="https://jupyter\.example/user/tester/proxy/(\d+)/"', printed)
+            assert frame, printed
+            status, runs = get(f"http://localhost:{frame.group(1)}/data/runs")
             assert status == 200 and "1CPU/nb/logs" in json.loads(runs)
             assert "TensorBoard (pid" not in printed  # the local launcher stayed out of it
+            # The launching cell's one output is the frame: the magic's own messages are hidden.
+            launch = [cell for cell in cells if "run_line_magic" in cell.source]
+            assert len(launch) == 1 and len(launch[0].outputs) == 1, launch[0].outputs
+            assert "Launching TensorBoard" not in printed and "Reusing TensorBoard" not in printed
         finally:  # before the kernel goes: the magic's TensorBoard is in the kernel's process group
             for pid in tensorboards_serving(nersc_logdir):
                 stop_tensorboard(pid)
@@ -199,11 +218,13 @@ def test_the_screenshot_tool_makes_the_tutorial_image(logdir, tmp_path):
 
 # ----------------------------------------------------------------------------- the launcher's small parts
 
-def test_the_log_directory_comes_from_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv(LOGDIR_VARIABLE, str(tmp_path))
-    assert default_logdir() == str(tmp_path)
-    monkeypatch.delenv(LOGDIR_VARIABLE)
-    assert default_logdir() == os.path.join(ROOT, "runs")
+def test_the_log_directory_comes_from_the_environment(tmp_path):
+    scratch_logs = tmp_path / "sc22-dl-tutorial" / "logs"
+    assert default_logdir({}) == os.path.join(ROOT, "runs")
+    assert default_logdir({"SCRATCH": str(tmp_path)}) == os.path.join(ROOT, "runs")  # no runs there yet
+    scratch_logs.mkdir(parents=True)
+    assert default_logdir({"SCRATCH": str(tmp_path)}) == str(scratch_logs)
+    assert default_logdir({"SCRATCH": str(tmp_path), LOGDIR_VARIABLE: "elsewhere"}) == os.path.abspath("elsewhere")
 
 
 def test_the_jupyterhub_proxy_address():

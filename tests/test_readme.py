@@ -211,13 +211,13 @@ def check_generated(side_train, side_valid, folder="data"):
         for name, side in (("synthetic_train", side_train), ("synthetic_valid", side_valid)):
             with h5py.File(os.path.join(scratch, folder, f"{name}.h5")) as f:
                 assert f["Nbody"].shape == (4, side, side, side) and f["Hydro"].shape == (5, side, side, side)
-            assert os.path.isfile(os.path.join(scratch, folder, f"{name}_npy", "data.npy"))
+            assert os.path.isfile(os.path.join(scratch, folder, f"{name}_data.npy"))
     return check
 
 
 def check_npy(scratch, output):
-    data = np.load(os.path.join(scratch, "data", "synthetic_train_npy", "data.npy"), mmap_mode="r")
-    label = np.load(os.path.join(scratch, "data", "synthetic_train_npy", "label.npy"), mmap_mode="r")
+    data = np.load(os.path.join(scratch, "data", "synthetic_train_data.npy"), mmap_mode="r")
+    label = np.load(os.path.join(scratch, "data", "synthetic_train_label.npy"), mmap_mode="r")
     assert data.shape == (64, 64, 64, 4) and label.shape == (64, 64, 64, 5)  # channel last
 
 
@@ -322,6 +322,11 @@ def check_strong_scaling(scratch, output):
     assert all("--local_batch_size=8" in p["command"] for p in index["points"][2:])
 
 
+def check_help(scratch, output):
+    assert output.startswith("usage: python train.py") and "  --num_epochs=INT" in output
+    assert not os.path.exists(os.path.join(scratch, "runs"))  # --help trains nothing, writes nothing
+
+
 def check_png(name):
     def check(scratch, output):
         assert open(os.path.join(scratch, name), "rb").read(4) == b"\x89PNG"
@@ -346,6 +351,7 @@ RUN = {
     "python -m utils.convert_h5_to_npy -i data/synthetic_train.h5 -d Nbody -l Hydro --force": Run(
         before=("python -m utils.convert_h5_to_npy -i data/synthetic_train.h5 -d Nbody -l Hydro",),
         check=check_npy),
+    "python train.py --config=short --help": Run(data=False, check=check_help),
     "python train.py --config=short --num_epochs 4 --num_data_workers 8": Run(
         append=f"{SMALL_MODEL} {TINY}", check=check_run("short", num_data_workers=8)),
     "python train.py --config=demo --crop_size=64 --full_scale --start_lr=1e-3 --num_epochs=1 --run_num=crop64": Run(

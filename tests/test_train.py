@@ -37,6 +37,8 @@ def test_a_run_logs_what_users_expect(data_files, tmp_path):
     log = (run_dir / "out.log").read_text()
     for pattern in (r"Time taken for epoch 2 is [\d.]+ sec, avg [\d.]+ samples/sec", r"  Avg train loss=[\d.]+",
                     r"  Avg val loss=[\d.]+", r"  Total validation time: [\d.]+ sec",
+                    r"  Validation metrics time: [\d.]+ sec \(not in the validation time\)",
+                    r"Checkpoint written in [\d.]+ sec \([\d.]+ GiB\): \S+checkpoint\.pt\n",
                     r"INFO - Configuration name: test\n", r"INFO - crop_size 32\n",
                     r"profile_start_epoch 4\n.*profile_steps 60\n",  # the config's nulls, resolved
                     r"rank 0, begin data loader init\n.*rank 0, data loader initialized with config inmem\n",
@@ -58,6 +60,18 @@ def test_a_run_logs_what_users_expect(data_files, tmp_path):
     assert len(events.Images("Power spectrum")) == 3
     assert "Validation metrics after the last epoch:" in log and "Pearson r" in log
     assert (run_dir / "preview.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("interval_s, writes", [(0, 2), (3600, 1)])
+def test_checkpoint_interval(data_files, tmp_path, interval_s, writes):
+    """After every epoch with checkpoint_interval_s 0; with an hour, only at the end of the run."""
+    run_train(data_args(data_files, tmp_path, "--run_num=i", f"--checkpoint_interval_s={interval_s}",
+                        "--val_metrics=false", "--Nsamples=8", "--Nsamples_val=4"))
+    run_dir = tmp_path / "test" / "1CPU" / "i"
+    log = (run_dir / "out.log").read_text()
+    assert log.count("Checkpoint written in") == writes
+    assert "Validation metrics time" not in log  # no metrics, no line
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["position"]["epoch"] == 2
 
 
 def test_checkpoint_holds_everything_to_resume(data_files, tmp_path):

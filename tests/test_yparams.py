@@ -1,9 +1,15 @@
 """Configs: every named config loads, overrides parse as the tutorial's users type them, mistakes are refused."""
-import pytest
-import yaml
+import re
+import subprocess
+import sys
+from pathlib import Path
 
-from utils.YParams import YParams, load_params, parse_command_line
+import pytest
+
+from utils.YParams import YParams, load_params, parse_command_line, read_yaml
 from utils.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
 
 CONFIG = "config/UNet.yaml"
 ORIGINAL_CONFIGS = ("base", "short", "short_opt", "bs64_opt", "bs256_opt", "bs512_test", "bs512_opt",
@@ -83,10 +89,78 @@ def test_invalid_values_are_refused(override, message):
 
 
 def test_config_file_is_safe_yaml():
-    # Anchors and merge keys need no unsafe loader; a plain safe_load sees every config.
+    # Anchors and merge keys need no unsafe loader; a plain safe load sees every config.
     with open(CONFIG) as f:
-        configs = yaml.safe_load(f)
+        configs = read_yaml(f)
     assert set(ORIGINAL_CONFIGS) | {"demo", "test"} <= set(configs)
+
+
+# ----------------------------------------------------------------------------- YAML 1.2, as the original reads it
+
+def test_numbers_and_nulls_read_as_the_original_reads_them(tmp_path):
+    """In the file and on the command line: 1e-3 is a float (PyYAML's YAML 1.1 makes it a string), the
+    string None is null (the original's YParams), anchors and merge keys inherit."""
+    config = tmp_path / "mine.yaml"
+    config.write_text((ROOT / CONFIG).read_text() + """
+mine: &mine
+  <<: *demo
+  start_lr: 1e-3
+  end_lr: 5E-4
+  lambda_rho: .5
+  profile_steps: None
+  profile_start_epoch: null
+mine_child:
+  <<: *mine
+  num_epochs: 3
+""")
+    params = load_params([f"--yaml_config={config}", "--config=mine_child"])
+    assert (params.start_lr, params.end_lr, params.lambda_rho) == (1e-3, 5e-4, 0.5)
+    assert all(isinstance(params[key], float) for key in ("start_lr", "end_lr", "lambda_rho"))
+    assert params.profile_steps is None and params.profile_start_epoch is None
+    assert params.num_epochs == 3 and params.crop_size == 32  # from mine, from demo, from base
+    params = load_params(["--config=demo", "--start_lr=1e-3", "--end_lr", "5E-4", "--lambda_rho=.5",
+                          "--profile_steps=None", "--profile_start_epoch=null"])
+    assert (params.start_lr, params.end_lr, params.lambda_rho) == (1e-3, 5e-4, 0.5)
+    assert params.profile_steps is None and params.profile_start_epoch is None
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--start_lr=fast", "--start_lr=fast has the wrong type: 'start_lr' takes a number"),
+    ("--start_lr=.nan", "'start_lr' must be finite"),
+    ("--num_epochs", "--num_epochs needs a value: 'num_epochs' takes an integer, e.g. --num_epochs=4"),
+    ("--num_epochs=2.5", "'num_epochs' takes an integer"),
+    ("--full_scale=maybe", "'full_scale' takes true or false"),
+])
+def test_a_value_of_the_wrong_type_names_the_key(override, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        load_params(["--config=demo", override])
+
+
+def test_a_config_file_missing_because_of_the_working_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"not in the folder you run from .*Run from there \(cd "):
+        load_params(["--config=demo"])
+
+
+# ----------------------------------------------------------------------------- --help
+
+@pytest.mark.parametrize("script, flag", [("train.py", "--help"), ("train.py", "-h"), ("train_graph.py", "--help")])
+def test_help_lists_every_option_with_its_value(script, flag, tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / script), "--config=demo", flag], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"usage: python {script} [--config=NAME] [--key=value | --key value | --flag] ..."
+    options = {match.group(1): match.group(2) for match in map(OPTION_LINE.match, lines) if match}
+    params = load_params(["--config=demo"])
+    assert set(options) == set(params.keys())  # the run options and every key of the config
+    assert options["crop_size"] == "32" and options["config"] == "demo"  # demo's values, not base's
+    assert options["amp_mode"] == "none" and "--amp_mode=none|bf16|fp16" in result.stdout
+    assert lines.index("run options:") < min(i for i, line in enumerate(lines) if line.startswith("model "))
+    assert "a 6th level" in result.stdout  # each key's comment in the config file
+
+
+OPTION_LINE = re.compile(r"  --(\w+)=\S+\s+(\S+)")
 
 
 # The original tutorial's configs (config/UNet.yaml of NERSC/sc22-dl-tutorial), in this repository's

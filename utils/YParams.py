@@ -4,17 +4,25 @@
     params.update({"num_epochs": 2})
     params.num_epochs, params["crop_size"]
 
-The YAML file uses anchors and merge keys for inheritance (``<<: *base``) and is read with the
-safe loader. On the command line every key of the config can be overridden as ``--key=value``
-or ``--key value``; values are parsed as YAML (``--crop_size=32`` is an int, ``--device=cpu`` a
-string, ``--nbody_vector_channels=[1,2,3]`` a list), and a bare ``--flag`` sets a key to true.
-Unknown keys and config names are refused with the closest valid name.
+The YAML file uses anchors and merge keys for inheritance (``<<: *base``). It is read as YAML 1.2
+with ruamel.yaml's safe loader, as the original tutorial reads it: ``1e-3`` is a number (PyYAML's
+YAML 1.1 would make it a string), and the string ``None`` means null, as in the original. On the
+command line every key of the config can be overridden as ``--key=value`` or ``--key value``;
+values are read by the same loader (``--crop_size=32`` is an int, ``--start_lr=1e-3`` a float,
+``--device=cpu`` a string, ``--nbody_vector_channels=[1,2,3]`` a list), and a bare ``--flag`` sets
+a boolean key to true. Unknown keys and config names are refused with the closest valid name;
+``--help`` lists every option with its value in the chosen config.
 """
 import difflib
+import io
 import logging
+import math
 import os
+import re
+import sys
 
-import yaml
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from utils.errors import UserError
 
@@ -44,7 +52,44 @@ CHOICES = {
 POSITIVE_INTS = ("crop_size", "Nsamples", "Nsamples_val", "num_epochs", "global_batch_size",
                  "base_batch_size", "base_channels", "bucket_cap_mb", "profile_start_epoch", "profile_steps",
                  "memory_snapshot_steps", "dist_timeout_s", "graph_warmup_steps")
-NON_NEGATIVE = ("num_data_workers", "warmup_steps", "start_lr", "end_lr", "lambda_rho")
+NON_NEGATIVE = ("num_data_workers", "warmup_steps", "start_lr", "end_lr", "lambda_rho", "checkpoint_interval_s")
+
+# What each run option means, for --help (the config keys are described by their comments in the YAML file).
+RUN_OPTION_HELP = {
+    "config": "the named config of the YAML file to train with",
+    "yaml_config": "the YAML file of configs (relative to the folder you run from)",
+    "run_num": "names the run directory <expdir>/<config>/<N>GPU|<N>CPU/<run_num>/",
+    "resume": "continue the run in that directory from its checkpoint",
+    "local_batch_size": "per-rank batch; sets global_batch_size = world size x this",
+}
+
+
+def yaml_1_2():
+    """The loader of every config value: YAML 1.2, safe (plain data only), pure Python."""
+    return YAML(typ="safe", pure=True)
+
+
+def read_yaml(text):
+    """``text`` (a string or an open file) as plain data; the string 'None' becomes None, as in the original."""
+    return none_for_none_string(yaml_1_2().load(text))
+
+
+def none_for_none_string(value):
+    if value == "None":
+        return None
+    if isinstance(value, dict):
+        return {key: none_for_none_string(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [none_for_none_string(item) for item in value]
+    return value
+
+
+def write_yaml(data, stream):
+    """``data`` as block-style YAML, keys in the given order (config.yaml of a run)."""
+    writer = YAML(typ="safe", pure=True)
+    writer.default_flow_style = False
+    writer.sort_base_mapping_type_on_output = False
+    writer.dump(data, stream)
 
 
 def closest(name, valid):
@@ -61,11 +106,10 @@ class YParams:
         self.config_name = config_name
         try:
             with open(yaml_filename) as f:
-                configs = yaml.safe_load(f)
+                configs = read_yaml(f)
         except FileNotFoundError:
-            raise UserError(f"The config file {yaml_filename} does not exist. Pass --yaml_config="
-                            "config/UNet.yaml (the default) or the path of your own copy.") from None
-        except yaml.YAMLError as error:
+            raise UserError(missing_config_file(yaml_filename)) from None
+        except YAMLError as error:
             raise UserError(f"The config file {yaml_filename} is not valid YAML: {error}") from None
         if not isinstance(configs, dict) or config_name not in configs:
             names = sorted(configs) if isinstance(configs, dict) else []
@@ -111,6 +155,19 @@ class YParams:
         logging.info("---------------------------------------------------")
 
 
+def missing_config_file(yaml_filename):
+    """What to do when the config file is not there: most often, the run did not start from the top level."""
+    repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ours = os.path.join(repository, RUN_OPTIONS["yaml_config"])
+    if not os.path.isabs(yaml_filename) and os.path.exists(os.path.join(repository, yaml_filename)):
+        return (f"The config file {yaml_filename} is not in the folder you run from ({os.getcwd()}): its "
+                f"path, and the data paths in the configs, are relative to the repository's top level. "
+                f"Run from there (cd {repository}), or pass --yaml_config={os.path.join(repository, yaml_filename)} "
+                "and absolute data paths.")
+    return (f"The config file {yaml_filename} does not exist. Pass --yaml_config={ours} (the tutorial's "
+            "configs) or the path of your own copy.")
+
+
 def parse_command_line(argv):
     """Split ``argv`` into the run options and the config overrides, both dicts of parsed values.
 
@@ -125,20 +182,23 @@ def parse_command_line(argv):
             raise UserError(f"Unexpected argument '{token}'. Options look like --key=value, --key value"
                             " or --flag, e.g. python train.py --config=demo --num_epochs 2.")
         key, sep, text = token[2:].partition("=")
+        bare = False
         if not sep:
             if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                 text = argv[i + 1]
                 i += 1
             else:
-                text = "true"
+                text, bare = "true", True
         key = key.replace("-", "_")
         if isinstance(RUN_OPTIONS.get(key), str):
             value = text  # names stay as typed: --run_num=01 is '01', not the number 1
         else:
             try:
-                value = yaml.safe_load(text) if text != "" else ""
-            except yaml.YAMLError:
+                value = read_yaml(text) if text != "" else ""
+            except YAMLError:
                 value = text
+        if bare:
+            value = BareFlag()
         (options if key in RUN_OPTIONS else overrides)[key] = value
         i += 1
     return {**RUN_OPTIONS, **options}, overrides
@@ -153,7 +213,14 @@ def load_params(argv, world_size=1, null_defaults=None):
     config leaves null that ``null_defaults`` gives a value (the profiling window of the script that
     runs), and ``--enable_jit`` into ``jit_mode``.
     """
+    if wants_help(argv):
+        try:
+            print(help_text(argv), flush=True)
+        except BrokenPipeError:  # read by `head`, which has seen enough
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(0)
     options, overrides = parse_command_line(argv)
+    options = {key: True if isinstance(value, BareFlag) else value for key, value in options.items()}
     params = YParams(options["yaml_config"], str(options["config"]))
     for key, value in overrides.items():
         if key not in params:
@@ -179,24 +246,42 @@ def load_params(argv, world_size=1, null_defaults=None):
     return params
 
 
+class BareFlag:
+    """The value of an option given without one (``--noddp``): true for a boolean key, an error otherwise."""
+
+    def __bool__(self):
+        return True
+
+    def __eq__(self, other):
+        return other is True or isinstance(other, BareFlag)
+
+    __hash__ = None
+
+    def __repr__(self):
+        return "True"
+
+
+TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list: "a list"}
+
+
 def coerce(key, value, default):
     """The override converted to the type of the config's value, or a UserError saying why not."""
     expected = type(default)
+    if isinstance(value, BareFlag):
+        if expected is bool or default is None:
+            return True
+        raise UserError(f"--{key} needs a value: '{key}' takes {TYPE_NAMES.get(expected, expected.__name__)}, "
+                        f"e.g. --{key}={default} (the config's value).")
     if default is None or isinstance(value, expected) and not (expected is int and isinstance(value, bool)):
         return value
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if expected is float and isinstance(value, str):
-        try:
-            return float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string
-        except ValueError:
-            pass
     if expected is bool and isinstance(value, str) and value.lower() in ("yes", "no", "on", "off"):
         return value.lower() in ("yes", "on")
     if expected is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
-    raise UserError(f"--{key}={value!r} has the wrong type: '{key}' takes a {expected.__name__}"
-                    f" (the config's value is {default!r}).")
+    raise UserError(f"--{key}={value} has the wrong type: '{key}' takes "
+                    f"{TYPE_NAMES.get(expected, expected.__name__)} (the config's value is {default!r}).")
 
 
 def validate(params):
@@ -209,8 +294,8 @@ def validate(params):
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
             raise UserError(f"--{key}={params[key]} is invalid: '{key}' must be a positive integer.")
     for key in NON_NEGATIVE:
-        if key in params and params[key] < 0:
-            raise UserError(f"--{key}={params[key]} is invalid: '{key}' must not be negative.")
+        if key in params and not (math.isfinite(params[key]) and params[key] >= 0):
+            raise UserError(f"--{key}={params[key]} is invalid: '{key}' must be finite and must not be negative.")
     for key in ("nbody_vector_channels", "hydro_vector_channels"):
         channels = params[key]
         n_channels = params.N_in_channels if key.startswith("nbody") else params.N_out_channels
@@ -222,3 +307,79 @@ def validate(params):
         raise UserError(f"Nsamples={params.Nsamples} is smaller than global_batch_size="
                         f"{params.global_batch_size}: an epoch would have no step. Raise --Nsamples or"
                         " lower the batch size.")
+
+
+# ----------------------------------------------------------------------------- --help
+
+TYPE_WORDS = {bool: "BOOL", int: "INT", float: "FLOAT", str: "TEXT", list: "LIST"}
+
+
+def wants_help(argv):
+    return "-h" in argv or "--help" in argv
+
+
+def help_text(argv, program=None):
+    """``--help``: the run options, then every key of the chosen config (``--config``, default base)
+    grouped as in the YAML file, each with its type or choices, its value in that config and the
+    comment that describes it in the file."""
+    program = program or os.path.basename(sys.argv[0]) or "train.py"
+    yaml_filename = option_value(argv, "yaml_config")
+    params = YParams(yaml_filename, str(option_value(argv, "config")))
+    with open(yaml_filename) as f:
+        configs = read_yaml(f)
+    lines = [f"usage: python {program} [--config=NAME] [--key=value | --key value | --flag] ...", "",
+             "Every key of the config can be overridden on the command line; values are read as YAML 1.2",
+             "(2e-4, true, [2,1,1], null). Names must be given in full.", "", "run options:"]
+    run_values = {**RUN_OPTIONS, "config": params.config_name, "yaml_config": yaml_filename}
+    for key, value in run_values.items():
+        kind = "NAME" if isinstance(RUN_OPTIONS[key], str) else ("BOOL" if key == "resume" else "INT")
+        extra = f": {', '.join(configs)}" if key == "config" else ""
+        lines.append(help_line(key, kind, value, RUN_OPTION_HELP[key] + extra))
+    section = None
+    descriptions = key_descriptions(yaml_filename)
+    for key, value in params.to_dict().items():
+        group, text = descriptions.get(key, ("other", ""))
+        if group != section:
+            section = group
+            lines += ["", f"{group} (config '{params.config_name}' of {yaml_filename}):"]
+        kind = "|".join(CHOICES[key]) if key in CHOICES else TYPE_WORDS.get(type(value), "VALUE")
+        lines.append(help_line(key, kind, value, text))
+    return "\n".join(lines)
+
+
+def help_line(key, kind, value, text):
+    shown = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return f"  --{key}={kind}".ljust(40) + f" {shown}".ljust(22) + f" {text}".rstrip()
+
+
+def option_value(argv, name):
+    """A run option's value from a command line that may not parse (it asks for --help)."""
+    for index, token in enumerate(argv):
+        if token.startswith(f"--{name}="):
+            return token.split("=", 1)[1]
+        if token == f"--{name}" and index + 1 < len(argv):
+            return argv[index + 1]
+    return RUN_OPTIONS[name]
+
+
+def key_descriptions(yaml_filename):
+    """{key: (section, comment)} from the YAML file's text: the comment on a key's first appearance
+    (and the comment lines that continue it), under the latest ``# --- section ---`` line."""
+    described, section, last = {}, "other", None
+    with open(yaml_filename) as f:
+        for line in f:
+            header = re.match(r"\s+# --- (.+?) ---", line)
+            entry = re.match(r"  (\w+):[^#]*(?:#\s*(.*))?$", line.rstrip())
+            continued = re.match(r"\s{4,}#\s*(.*)$", line.rstrip())
+            if header:
+                section, last = header.group(1), None
+            elif entry:
+                key = entry.group(1)
+                last = None if key in described else key
+                described.setdefault(key, (section, (entry.group(2) or "").strip()))
+            elif continued and last:
+                group, text = described[last]
+                described[last] = (group, f"{text} {continued.group(1).strip()}")
+            else:
+                last = None
+    return described

@@ -8,10 +8,19 @@ the previous checkpoint or the new one, never half of one. It is read back with
 ``weights_only=True``: only tensors and plain containers, no arbitrary code. The weights are
 stored as on one device, whatever the run's parallelism (under FSDP rank 0 gathers the shards),
 so a checkpoint moves freely between one device, DDP and FSDP.
+
+:class:`Checkpointer` decides when to write: a checkpoint of the 117 M-parameter model with Adam's
+state is about 1.3 GiB, and with hundreds of short epochs (the large-batch configs on many GPUs)
+writing one per epoch can take as long as the training. Each write's duration is logged in a line
+of its own: it is outside the epoch timer but inside the job's time to solution and time limit.
 """
+import logging
+import os
+import time
+
 import torch
 
-from utils.distributed import World, full_state_dicts, load_full_state_dicts
+from utils.distributed import World, agree_to_stop, full_state_dicts, load_full_state_dicts
 from utils.files import atomic_path
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -71,3 +80,32 @@ def with_implementation(optimizer_state, optimizer):
     groups = [{**saved, **{flag: live[flag] for flag in IMPLEMENTATION_FLAGS if flag in live}}
               for saved, live in zip(optimizer_state["param_groups"], optimizer.param_groups)]
     return {**optimizer_state, "param_groups": groups}
+
+
+class Checkpointer:
+    """Writes ``checkpoint.pt`` in the run directory when one is due.
+
+    Due at the end of an epoch once ``checkpoint_interval_s`` seconds have passed since the last
+    write (0: after every epoch), and always when the caller says so (a stop signal, the run's end).
+    Every rank calls :meth:`save` with the same ``due`` and the ranks agree on the clock's verdict
+    (one tiny all-reduce per epoch), because under FSDP all of them take part in gathering the
+    weights. Off with ``checkpoint: false``.
+    """
+
+    def __init__(self, run_dir, params, world=World(), device=torch.device("cpu")):
+        self.path = os.path.join(run_dir, CHECKPOINT_NAME)
+        self.params, self.world, self.device = params, world, device
+        self.last_write = time.monotonic()  # the run's start counts as a write: the interval runs from there
+
+    def save(self, model, optimizer, scaler, position, due=False):
+        if not self.params.checkpoint:
+            return
+        elapsed = time.monotonic() - self.last_write
+        if not agree_to_stop(due or elapsed >= self.params.checkpoint_interval_s, self.world, self.device):
+            return
+        start = time.monotonic()
+        save_checkpoint(self.path, model, optimizer, scaler, position, self.params, self.world)
+        self.last_write = time.monotonic()
+        if self.world.is_main:
+            logging.info("Checkpoint written in %.2f sec (%.2f GiB): %s", self.last_write - start,
+                         os.path.getsize(self.path) / 2**30, self.path)

@@ -1,10 +1,13 @@
 """Convert one HDF5 file of the data set into channel-last .npy files for a DALI numpy loader.
 
 Why: DALI's numpy reader reads .npy files (memory-mapped, with cheap region-of-interest crops)
-but not HDF5, and it expects the channels last. For ``path/name.h5`` this writes
-``path/name_npy/data.npy`` (from dataset ``-d``, default ``Nbody``) and
-``path/name_npy/label.npy`` (from dataset ``-l``, default ``Hydro``), each transposed from
-(C, D, H, W) to (D, H, W, C), float32, C-contiguous, in the ordinary .npy format.
+but not HDF5, and it expects the channels last. For ``path/name.h5`` this writes, as the original
+tutorial's converter does, ``path/name_data.npy`` (from dataset ``-d``, default ``Nbody``) and
+``path/name_label.npy`` (from dataset ``-l``, default ``Hydro``) next to the input (``-o DIR``
+puts the same names in DIR), each transposed from (C, D, H, W) to (D, H, W, C), float32,
+C-contiguous, in the ordinary .npy format. The DALI loader finds them there by itself, or through
+the original's config keys ``train_path_npy_data``, ``train_path_npy_label``, ``val_path_npy_data``
+and ``val_path_npy_label``.
 
 A full-size box is several GB, so the array is never held twice: the output is a memory-mapped
 .npy filled slab by slab along D straight from the HDF5 dataset. Each file is written under a
@@ -26,15 +29,13 @@ from utils.files import atomic_path
 SLAB_BYTES = 64 * 2**20  # read and write about this much at a time
 
 
-def default_out_dir(h5_path):
-    """``path/name.h5`` -> ``path/name_npy``, next to the input."""
-    return os.path.splitext(h5_path)[0] + "_npy"
-
-
 def output_paths(h5_path, out_dir=None):
-    """The (data, label) .npy paths that convert writes for ``h5_path``."""
-    out_dir = default_out_dir(h5_path) if out_dir is None else out_dir
-    return os.path.join(out_dir, "data.npy"), os.path.join(out_dir, "label.npy")
+    """The (data, label) .npy paths that convert writes for ``h5_path``: ``name_data.npy`` and
+    ``name_label.npy`` beside it, or in ``out_dir``."""
+    stem = os.path.splitext(h5_path)[0]
+    if out_dir is not None:
+        stem = os.path.join(out_dir, os.path.basename(stem))
+    return f"{stem}_data.npy", f"{stem}_label.npy"
 
 
 def open_h5(h5_path):
@@ -105,7 +106,7 @@ def write_channel_last(dataset, path):
 
 
 def convert(h5_path, out_dir=None, data_key="Nbody", label_key="Hydro", force=False):
-    """Write the channel-last data.npy and label.npy for ``h5_path``; returns their paths.
+    """Write the channel-last NAME_data.npy and NAME_label.npy for ``h5_path``; returns their paths.
 
     Everything is checked before anything is written: the input, both datasets (present, 4-D,
     same spatial shape, since the loader crops them together) and the outputs (refused if present
@@ -136,16 +137,16 @@ def convert(h5_path, out_dir=None, data_key="Nbody", label_key="Hydro", force=Fa
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="python -m utils.convert_h5_to_npy",
-        description="Write channel-last (D, H, W, C) float32 data.npy and label.npy from an HDF5 file "
-        "with channel-first (C, D, H, W) datasets.",
+        description="Write channel-last (D, H, W, C) float32 NAME_data.npy and NAME_label.npy from an "
+        "HDF5 file NAME.h5 with channel-first (C, D, H, W) datasets.",
     )
     parser.add_argument("-i", "--input", required=True, help="HDF5 file to convert")
     parser.add_argument("-d", "--data_key", default="Nbody",
-                        help="dataset written to data.npy (default: Nbody)")
+                        help="dataset written to NAME_data.npy (default: Nbody)")
     parser.add_argument("-l", "--label_key", default="Hydro",
-                        help="dataset written to label.npy (default: Hydro)")
+                        help="dataset written to NAME_label.npy (default: Hydro)")
     parser.add_argument("-o", "--out_dir", default=None,
-                        help="output directory (default: the input's path without .h5, plus _npy)")
+                        help="output directory (default: the input's directory)")
     parser.add_argument("--force", action="store_true", help="overwrite existing .npy files")
     return parser.parse_args(argv)
 

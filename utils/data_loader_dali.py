@@ -75,30 +75,31 @@ def import_dali():
     return fn, types, Pipeline
 
 
+NPY_KEYS = {TRAIN_SPLIT: ("train_path", "train_path_npy_data", "train_path_npy_label"),
+            VALID_SPLIT: ("val_path", "val_path_npy_data", "val_path_npy_label")}
+
+
 def npy_paths(params, split):
-    """The (data.npy, label.npy) paths of a split: in ``train_npy_path`` (or ``val_npy_path``), or
-    by default in ``<train_path without .h5>_npy/``, where the converter writes them."""
-    if split == TRAIN_SPLIT:
-        return output_paths(params.train_path, params.train_npy_path)
-    return output_paths(params.val_path, params.val_npy_path)
+    """The (data, label) .npy paths of a split: the original's keys ``train_path_npy_data`` and
+    ``train_path_npy_label`` (``val_...`` for validation), or where the converter writes them by
+    default: ``<train_path without .h5>_data.npy`` and ``..._label.npy``, beside the HDF5 file."""
+    h5_key, data_key, label_key = NPY_KEYS[split]
+    defaults = output_paths(params[h5_key])
+    return params[data_key] or defaults[0], params[label_key] or defaults[1]
 
 
 def inspect_npy(params, split):
     """The box side of a split's pair of channel-last .npy files, after checking they fit the loader."""
     paths = npy_paths(params, split)
-    if split == TRAIN_SPLIT:
-        h5_path, folder, key = params.train_path, params.train_npy_path, "train_npy_path"
-    else:
-        h5_path, folder, key = params.val_path, params.val_npy_path, "val_npy_path"
-    command = f"python -m utils.convert_h5_to_npy -i {h5_path} -d Nbody -l Hydro"
-    if folder is not None:
-        command += f" -o {folder}"
+    h5_key, data_key, label_key = NPY_KEYS[split]
+    command = f"python -m utils.convert_h5_to_npy -i {params[h5_key]} -d Nbody -l Hydro"
     missing = [path for path in paths if not os.path.isfile(path)]
     if missing:
         verb = "does" if len(missing) == 1 else "do"
         raise UserError(f"dali-lowmem reads channel-last .npy copies of the data, and "
-                        f"{' and '.join(missing)} {verb} not exist. Make them with `{command}`, or "
-                        f"point --{key} at the folder that holds data.npy and label.npy.")
+                        f"{' and '.join(missing)} {verb} not exist. Make them with `{command}` (it writes "
+                        f"them beside the HDF5 file, where the loader looks), or point --{data_key} and "
+                        f"--{label_key} at your copies.")
     shapes = []
     for path, channels in zip(paths, (params.N_in_channels, params.N_out_channels)):
         try:

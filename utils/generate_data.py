@@ -47,9 +47,10 @@ clipped into [-LIMIT, LIMIT] with LIMIT = 0.999 so that a tanh output can reach 
 - ``Hydro[2:5]`` gas velocity:  like the dark-matter velocity.
 
 Unless ``--no_npy``, each HDF5 file also gets its channel-last .npy copies (for the DALI loader)
-from utils.convert_h5_to_npy, in ``<name>_npy/``. Memory: about 80 bytes per voxel of the larger
-box at peak (a 256^3 box needs about 1.3 GB). `python -m utils.generate_data --train_size 256
---val_size 128` took 11.5 s of wall time on the project's 2-core CPU machine (2026-11-23), .npy copies included.
+from utils.convert_h5_to_npy, ``<name>_data.npy`` and ``<name>_label.npy`` beside it.
+Memory: about 80 bytes per voxel of the larger box at peak (a 256^3 box needs about 1.3 GB).
+`python -m utils.generate_data --train_size 256 --val_size 128` took 11.5 s of wall time on the
+project's 2-core CPU machine (2026-11-23), .npy copies included.
 
 Usage:
     python -m utils.generate_data                       # data/synthetic_{train,valid}.h5, 128^3 and 64^3

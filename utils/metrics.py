@@ -38,8 +38,10 @@ torch reduces pairwise, to about 1e-7), in float64 across samples, batches and r
 waits for the device: ``ValidationMetrics.update`` only queues work, and ``compute`` reads the
 results once.
 """
+import contextlib
 import functools
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -194,6 +196,36 @@ class Spectra:
         return self.cross / np.sqrt(self.predicted * self.true)
 
 
+class WorkClock:
+    """Seconds spent in the measured blocks, summed over calls without waiting for the device.
+
+    On a GPU each block's work is queued, not done, when the block ends: a CUDA event is recorded
+    before and after it, and :meth:`seconds` (called where the caller waits anyway) adds up the
+    times between them. On a CPU the work is done by then, and the host clock measures it.
+    """
+
+    def __init__(self):
+        self.events, self.host_seconds = [], 0.0
+
+    @contextlib.contextmanager
+    def measure(self, device):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self.events.append((start, end))
+        else:
+            begin = time.perf_counter()
+            yield
+            self.host_seconds += time.perf_counter() - begin
+
+    def seconds(self):
+        if self.events:
+            self.events[-1][1].synchronize()  # waits for the device
+        return self.host_seconds + sum(start.elapsed_time(end) for start, end in self.events) / 1000
+
+
 class ValidationMetrics:
     """Accumulates the metrics over the batches of one validation pass; create one per pass.
 
@@ -213,9 +245,14 @@ class ValidationMetrics:
         self.bins = None
         self.sums = None
         self.spectra = None  # set by compute()
+        self.clock = WorkClock()  # the time update() costs, reported apart from the validation loss pass
 
     def update(self, prediction, target):
         """Add one batch: ``prediction`` and ``target`` of shape (B, 5, S, S, S), any float dtype."""
+        with self.clock.measure(target.device):
+            self._update(prediction, target)
+
+    def _update(self, prediction, target):
         if prediction.shape != target.shape or prediction.dim() != 5 or prediction.shape[1] != len(FIELD_NAMES):
             raise ValueError(f"expected prediction and target of the same shape (B, {len(FIELD_NAMES)}, S, S, S), "
                              f"got {tuple(prediction.shape)} and {tuple(target.shape)}")

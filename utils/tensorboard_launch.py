@@ -28,6 +28,7 @@ from utils.errors import UserError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOGDIR_VARIABLE = "TENSORBOARD_LOGDIR"
+SCRATCH_LOGS = ("sc22-dl-tutorial", "logs")  # below $SCRATCH: submit_pm.sh's default LOG_DIR
 HOST = "127.0.0.1"  # localhost only: the JupyterHub proxy or an SSH tunnel reaches it from outside
 
 
@@ -36,9 +37,17 @@ def open_local(url, timeout=10):
     return urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=timeout)
 
 
-def default_logdir():
-    """``$TENSORBOARD_LOGDIR``, else ``runs`` in the repository, where train.py writes by default."""
-    return os.path.abspath(os.environ.get(LOGDIR_VARIABLE) or os.path.join(REPO_ROOT, "runs"))
+def default_logdir(environ=None):
+    """Where the runs are: ``$TENSORBOARD_LOGDIR`` if set; else, where ``$SCRATCH`` is set and the
+    directory exists, ``$SCRATCH/sc22-dl-tutorial/logs``, where submit_pm.sh writes them (as the
+    original tutorial's notebook reads them); else ``runs`` in the repository, train.py's default."""
+    environ = os.environ if environ is None else environ
+    if environ.get(LOGDIR_VARIABLE):
+        return os.path.abspath(environ[LOGDIR_VARIABLE])
+    scratch_logs = os.path.join(environ.get("SCRATCH") or "/nonexistent", *SCRATCH_LOGS)
+    if environ.get("SCRATCH") and os.path.isdir(scratch_logs):
+        return os.path.abspath(scratch_logs)
+    return os.path.join(REPO_ROOT, "runs")
 
 
 def jupyterhub_proxy_url(port, environ=None):
