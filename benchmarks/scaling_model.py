@@ -137,10 +137,7 @@ def first_bucket_mb_of_this_torch(bucket_cap_mb):
     when bucket_cap_mb is given, as train.py gives it."""
     from torch.nn.parallel import distributed
 
-    config = getattr(distributed, "_BucketCapacityConfig", None)
-    if config is None:
-        return 1.0
-    return config.create(bucket_cap_mb).first_bucket_bytes_cap / MIB
+    return float(bucket_cap_mb) if hasattr(distributed, "_BucketCapacityConfig") else 1.0
 
 
 def buckets(network, bucket_cap_mb=25.0, first_bucket_mb=1.0):
