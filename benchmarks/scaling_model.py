@@ -449,44 +449,107 @@ def plot(series, path, title):
     plt.close(fig)
 
 
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "results")
+# The committed CPU measurements the CPU check uses: gloo all-reduce times (benchmarks/allreduce.py) and
+# the demo model's weak scaling on 1 and 2 ranks of one core each (benchmarks/scaling.py --preset cpu).
+CPU_NETWORKS = {"two ranks on one machine (loopback)": "allreduce/two-ranks-one-machine.json",
+                "two Slurm nodes (tests/slurm)": "allreduce/two-nodes-slurm.json"}
+CPU_SCALING = "scaling/cpu-vm-2-cores-2026-11-23"
+
+
+def cpu_machine(allreduce_json):
+    """A CPU profile from a gloo measurement: one rank per node, its bandwidth and latency."""
+    with open(allreduce_json) as f:
+        measured = json.load(f)
+    bandwidth, latency = measured["bandwidth_Bps"] / 1e9, measured["latency_s"]
+    return Machine(f"CPU ranks: {measured['name']}", 1, bandwidth, bandwidth, latency, latency, None,
+                   f"benchmarks/results/allreduce/{measured['name']}.md")
+
+
+def cpu_check(results=RESULTS):
+    """The demo model's 2-rank DDP step predicted from its measured 1-rank step and a measured gloo
+    profile, against the 2-rank step measured the same day (FULL trials, local batch 8, one core per
+    rank). This torch gives the first bucket the whole bucket_cap_mb: one 16 MiB bucket, ready when
+    the backward pass ends, so nothing hides."""
+    from benchmarks import plot_scaling
+
+    index, ddp, noddp = plot_scaling.read_folder(os.path.join(results, CPU_SCALING))
+    batch = index["local_batch"]
+    one, two = batch / ddp[1], 2 * batch / ddp[2]  # step times, s
+    network = unet(16, False, 32)  # the demo config's U-Net
+    rows = [{"label": "measured", "step_ms": 1e3 * two, "samples_per_s": ddp[2], "error": 0.0}]
+    for label, path in CPU_NETWORKS.items():
+        step = step_time(cpu_machine(os.path.join(results, path)), 2, batch, ddp[1], network,
+                         first_bucket_mb=first_bucket_mb_of_this_torch(25))
+        rows.append({"label": f"predicted, {label}", "step_ms": 1e3 * step.step, "exposed_ms": 1e3 * step.exposed,
+                     "samples_per_s": step.samples_per_s, "error": step.step / two - 1})
+    return {"one_rank_step_ms": 1e3 * one, "one_rank_samples_per_s": ddp[1], "rows": rows,
+            "noddp_two_ranks": noddp.get(2), "source": f"benchmarks/results/{CPU_SCALING}/README.md"}
+
+
+def cpu_markdown(check):
+    lines = ["| demo model, 2 CPU ranks, DDP | step ms | samples/s | error in the step |", "|---|---|---|---|"]
+    lines.append(f"| 1 rank, measured | {check['one_rank_step_ms']:.1f} | {check['one_rank_samples_per_s']:.1f} | - |")
+    for r in check["rows"]:
+        error = "-" if r["label"] == "measured" else f"{100 * r['error']:+.1f}%"
+        lines.append(f"| 2 ranks, {r['label']} | {r['step_ms']:.1f} | {r['samples_per_s']:.1f} | {error} |")
+    return "\n".join(lines)
+
+
+def best_first(ranked):
+    """The knob settings best first; among equal efficiencies (to 0.1%), the fewest knobs first."""
+    return sorted(ranked, key=lambda item: (-round(item[1], 3), item[0].count("--")))
+
+
 def report(out_dir, image=None):
-    """Everything the README quotes: the check, the knobs on both machines, the scaling tables,
-    in ``out_dir``/report.json and README.md, and the plot (``image``)."""
+    """Everything the README quotes, one markdown table per file in ``out_dir`` (check.md, cpu.md,
+    perlmutter.md, h100.md, knobs-*.md) and all of it in report.json; and the plot (``image``)."""
     fit = fit_published()
     share = fit["network_share"]
     machines = {"perlmutter": resolve_machine("perlmutter", share)[0], "h100": resolve_machine("h100", share)[0],
-                "h100_datasheet": MACHINES["h100"]}
+                "h100-datasheet": MACHINES["h100"]}
     rates = {"perlmutter": ONE_GPU_RATE["perlmutter"], "h100": ONE_GPU_RATE["h100"],
-             "h100_datasheet": ONE_GPU_RATE["h100"]}
-    tables = {name: scaling_table(machines[name], 64, rates[name]) for name in machines}
-    knobs = {name: rank_knobs(machines[name], rates[name]) for name in machines}
+             "h100-datasheet": ONE_GPU_RATE["h100"]}
+    tables = {name: scaling_table(machines[name], 64, rates[name]) for name in ("perlmutter", "h100")}
+    knobs = {}
+    for name in machines:
+        ranked = best_first(rank_knobs(machines[name], rates[name]))
+        singles = [item for item in ranked if item[0].count("--") <= 1]
+        combined = [item for item in ranked if item[0].count("--") > 1]
+        knobs[name] = singles + combined[:1]  # each knob alone, and the best combination
+    cpu = cpu_check()
     result = {"command": "python -m benchmarks.scaling_model --report", "network_share": share,
-              "rate_16": fit["rate_16"], "check": fit["rows"], "tables": tables,
+              "rate_16": fit["rate_16"], "check": fit["rows"], "cpu": cpu, "tables": tables,
               "knobs": {name: [{"knobs": k, "efficiency": e} for k, e in ranked] for name, ranked in knobs.items()}}
+    made = ("Made by `python -m benchmarks.scaling_model --report`: a computation from published and "
+            "committed numbers, the same on any machine.")
+    texts = {
+        "check": (f"# The model against the original tutorial's published numbers\n\n{made}\n\n{check_markdown(fit)}"
+                  f"\n\nFitted: one A100's samples/s at local batch 16, {fit['rate_16']:.0f} (782 at local batch 64 is "
+                  f"published); the share of Slingshot 11's 100 GB/s per node that NCCL reached, {percent(share)}.\n"),
+        "cpu": (f"# The model against this project's CPU measurements\n\n{made} The step times are "
+                f"[{CPU_SCALING}](../{CPU_SCALING}/README.md)'s; the gloo profiles are "
+                "[two-ranks-one-machine](../allreduce/two-ranks-one-machine.md) and "
+                "[two-nodes-slurm](../allreduce/two-nodes-slurm.md).\n\n" + cpu_markdown(cpu) + "\n"),
+        "perlmutter": (f"# bs64_opt weak scaling on Perlmutter, predicted\n\n{made} Local batch 64, 25 MB buckets, "
+                       f"one A100 at 782 samples/s, the network at the fitted {percent(share)} of its datasheet; "
+                       "strong scaling: global batch 1024 at the same samples/s per GPU.\n\n"
+                       + scaling_markdown(tables["perlmutter"]) + "\n"),
+        "h100": (f"# bs64_opt weak scaling on DGX H100 nodes, predicted\n\n{made} Local batch 64, 25 MB buckets, "
+                 f"one H100 at 782 x 989 / 312 = {rates['h100']:.0f} samples/s (the A100's model FLOP "
+                 f"utilisation), the network at the share fitted on Perlmutter ({percent(share)}).\n\n"
+                 + scaling_markdown(tables["h100"]) + "\n"),
+    }
+    for name, ranked in knobs.items():
+        texts[f"knobs-{name}"] = (f"# The knobs at 32 nodes: {machines[name].name}, "
+                                  f"{'network at its datasheet bandwidth' if name.endswith('datasheet') else 'network at the fitted share'}"
+                                  f"\n\n{made}\n\n" + knobs_markdown(ranked) + "\n")
     os.makedirs(out_dir, exist_ok=True)
+    for name, text in texts.items():
+        with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+            f.write(text)
     with open(os.path.join(out_dir, "report.json"), "w") as f:
         json.dump(result, f, indent=1)
-    best = {name: [k for k in knobs[name] if k[1] >= 0.92] for name in knobs}
-    text = [
-        "# A scaling model on paper: its report", "",
-        "Made by `python -m benchmarks.scaling_model --report` (a computation, no measurement: the same on any "
-        "machine). bs64_opt's weak scaling, DDP, local batch 64, 25 MB buckets unless a row says otherwise.", "",
-        "## Checked against the original tutorial's published numbers", "", check_markdown(fit), "",
-        f"Fitted: one A100's samples/s at local batch 16, {fit['rate_16']:.0f} (782 at local batch 64 is "
-        f"published); the network's reached bandwidth, {percent(share)} of Slingshot 11's 100 GB/s per node.", "",
-        "## Perlmutter (network as fitted), 1 .. 1024 GPUs", "", scaling_markdown(tables["perlmutter"]), "",
-        "## The knobs at 32 nodes (128 GPUs), Perlmutter (network as fitted)", "",
-        knobs_markdown(rank_knobs(machines["perlmutter"], rates["perlmutter"], 128, False)),
-        "", "The best combinations:", "", knobs_markdown(knobs["perlmutter"], 5), "",
-        f"{len(best['perlmutter'])} of {len(knobs['perlmutter'])} knob settings reach 92% or more.", "",
-        "## H100 nodes (8 per node), the network at the same fitted share, one GPU at 782 x 989/312 samples/s", "",
-        scaling_markdown(tables["h100"]), "",
-        knobs_markdown(rank_knobs(machines["h100"], rates["h100"], 128, False)), "",
-        "The best combinations:", "", knobs_markdown(knobs["h100"], 5), "",
-        "## H100 nodes, the network at its datasheet bandwidth", "",
-        knobs_markdown(rank_knobs(machines["h100_datasheet"], rates["h100"], 128, False)), ""]
-    with open(os.path.join(out_dir, "README.md"), "w") as f:
-        f.write("\n".join(text))
     if image:
         plot({"Perlmutter A100 (network as fitted)": tables["perlmutter"],
               "DGX H100 (network at the same share)": tables["h100"]}, image,

@@ -160,8 +160,11 @@ def test_the_committed_report_is_what_the_model_computes(tmp_path):
         committed = json.load(f)
     assert committed["check"] == [{**row, "predicted": pytest.approx(row["predicted"]),
                                    "error": pytest.approx(row["error"], abs=1e-9)} for row in fresh["check"]]
-    with open(os.path.join(folder, "README.md")) as f:
-        assert (tmp_path / "README.md").read_text() == f.read()  # every rounded number the same
+    names = sorted(name for name in os.listdir(folder) if name.endswith(".md"))
+    assert names == sorted(p.name for p in tmp_path.glob("*.md")) and "check.md" in names
+    for name in names:  # every rounded number the same
+        with open(os.path.join(folder, name)) as f:
+            assert (tmp_path / name).read_text() == f.read(), name
 
 
 def test_knobs_ranked_at_32_nodes():
@@ -176,3 +179,49 @@ def test_command_line_prints_a_table(capsys, tmp_path):
     model.main(["--machine", "h100", "--local_batch_size=128", "--comm_hook=bf16", "--out", str(tmp_path / "p.png")])
     out = capsys.readouterr().out
     assert "| 1024 | 128 |" in out and (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_cpu_prediction_of_two_ranks_is_within_its_tolerance():
+    """The demo model's 2-rank step, predicted from its 1-rank step and the measured gloo profiles,
+    against the 2-rank step measured the same day (within the 10% that two launches differ by)."""
+    check = model.cpu_check()
+    measured, *predicted = check["rows"]
+    assert measured["label"] == "measured" and len(predicted) == 2
+    for row in predicted:
+        assert row["exposed_ms"] > 0 and abs(row["error"]) < 0.10, row
+
+
+ALLREDUCE_OUTPUT = """[W1125 00:31:55.861933406 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved.
+ALLREDUCE ranks=2 bytes=4096 seconds=0.000300 backend=gloo host=node1
+ALLREDUCE ranks=2 bytes=65536 seconds=0.000400 backend=gloo host=node1
+ALLREDUCE ranks=2 bytes=100000000 seconds=0.200200 backend=gloo host=node1
+ALLREDUCE ranks=2 bytes=200000000 seconds=0.400200 backend=gloo host=node1
+"""
+
+
+def test_the_allreduce_parser_and_fit(tmp_path):
+    from benchmarks import allreduce
+
+    points = allreduce.parse(ALLREDUCE_OUTPUT)
+    assert [(p["ranks"], p["bytes"], p["host"]) for p in points] == \
+        [(2, 4096, "node1"), (2, 65536, "node1"), (2, 100000000, "node1"), (2, 200000000, "node1")]
+    latency, bandwidth = allreduce.fit(points)
+    assert latency == pytest.approx(150e-6) and bandwidth == pytest.approx(0.5e9, rel=0.01)
+    with pytest.raises(ValueError):
+        allreduce.fit([p for p in points if p["bytes"] > 65536])  # no small size: no latency
+    assert allreduce.parse("no such lines") == []
+    machine = model.Machine("cpu", 1, bandwidth / 1e9, bandwidth / 1e9, latency, latency, None, "")
+    assert model.allreduce_time(100e6, 2, machine) == pytest.approx(100e6 / bandwidth + 2 * latency)
+
+
+def test_the_committed_allreduce_results_are_their_outputs_parsed():
+    from benchmarks import allreduce
+
+    folder = os.path.join(ROOT, "benchmarks", "results", "allreduce")
+    for name in ("two-nodes-slurm", "two-ranks-one-machine"):
+        with open(os.path.join(folder, f"{name}.out")) as f:
+            points = allreduce.parse(f.read())
+        with open(os.path.join(folder, f"{name}.json")) as f:
+            result = json.load(f)
+        assert result["points"] == points and len(points) == len(allreduce.gradient_sizes())
+        assert (result["latency_s"], result["bandwidth_Bps"]) == pytest.approx(allreduce.fit(points))
