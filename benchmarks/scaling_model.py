@@ -382,6 +382,11 @@ def percent(value):
     return f"{100 * value:.1f}%"
 
 
+def signed(error):
+    """+9.1%, and +0.0% for a fitted row's rounding error (not -0.0%)."""
+    return f"{100 * error:+.1f}%".replace("-0.0%", "+0.0%")
+
+
 def scaling_markdown(rows):
     lines = ["| GPUs | nodes | buckets | compute ms | exposed comm ms | samples/s (weak) | weak efficiency | "
              "samples/s (strong) | strong efficiency |", "|---|---|---|---|---|---|---|---|---|"]
@@ -399,7 +404,7 @@ def check_markdown(fit):
     for r in fit["rows"]:
         show = percent if r["published"] < 1.5 else (lambda v: f"{v:.0f} samples/s")
         lines.append(f"| {r['label']} | {show(r['published'])} | {show(r['predicted'])} | "
-                     f"{100 * r['error']:+.1f}% | {r['term']} |")
+                     f"{signed(r['error'])} | {r['term']} |")
     return "\n".join(lines)
 
 
@@ -491,7 +496,7 @@ def cpu_markdown(check):
     lines = ["| demo model, 2 CPU ranks, DDP | step ms | samples/s | error in the step |", "|---|---|---|---|"]
     lines.append(f"| 1 rank, measured | {check['one_rank_step_ms']:.1f} | {check['one_rank_samples_per_s']:.1f} | - |")
     for r in check["rows"]:
-        error = "-" if r["label"] == "measured" else f"{100 * r['error']:+.1f}%"
+        error = "-" if r["label"] == "measured" else signed(r["error"])
         lines.append(f"| 2 ranks, {r['label']} | {r['step_ms']:.1f} | {r['samples_per_s']:.1f} | {error} |")
     return "\n".join(lines)
 
@@ -551,10 +556,19 @@ def report(out_dir, image=None):
     with open(os.path.join(out_dir, "report.json"), "w") as f:
         json.dump(result, f, indent=1)
     if image:
-        plot({"Perlmutter A100 (network as fitted)": tables["perlmutter"],
-              "DGX H100 (network at the same share)": tables["h100"]}, image,
-             "bs64_opt weak scaling, local batch 64, predicted")
+        figure(image, tables)
     return result
+
+
+def figure(path, tables=None):
+    """The README's plot: bs64_opt on Perlmutter and on DGX H100 nodes, the network at the fitted share."""
+    if tables is None:
+        share = fit_published()["network_share"]
+        tables = {name: scaling_table(resolve_machine(name, share)[0], 64, ONE_GPU_RATE[name])
+                  for name in ("perlmutter", "h100")}
+    plot({"Perlmutter A100 (network as fitted)": tables["perlmutter"],
+          "DGX H100 (network at the same share)": tables["h100"]}, path,
+         "bs64_opt weak scaling, local batch 64, predicted")
 
 
 def main(argv=None):
