@@ -194,43 +194,45 @@ class Step:
     broadcast: float     # s
     step: float          # s, the whole step
     samples_per_s: float  # of the whole job
-    buckets: int
+    buckets: int         # all-reduces per step (FSDP: units, each gathered and reduce-scattered)
 
 
 def step_time(machine, gpus, local_batch, one_gpu_rate, network=None, bucket_cap_mb=25.0, first_bucket_mb=1.0,
-              comm_hook="none", broadcast_buffers=True, parallel="ddp", network_efficiency=1.0):
+              comm_hook="none", broadcast_buffers=True, parallel="ddp"):
     """One training step on ``gpus`` GPUs, at ``one_gpu_rate`` samples/s per GPU when alone.
 
-    ``comm_hook`` bf16 or fp16 halves the bytes of every all-reduce. ``parallel="fsdp"``: every
-    parameter is sharded, so the forward all-gathers them (overlapping the forward), the backward
-    all-gathers them again (prefetched at its start) and reduce-scatters the gradients as they are
-    ready: (N-1)/N of the bytes three times instead of twice. ``network_efficiency`` scales the
-    bus bandwidths: the share of the specification NCCL reaches (1: the datasheet).
+    DDP: each bucket's all-reduce starts when its last gradient is ready (forward, then that share of
+    the backward) and the bucket before it is done; what runs past the end of the backward pass is
+    exposed. ``comm_hook`` bf16 or fp16 halves the bytes. ``parallel="fsdp"`` (no buckets, no comm
+    hook, no broadcast: those are DDP's): each parameter tensor is sharded, so the forward
+    all-gathers every one (overlapping the forward compute), the backward all-gathers them again
+    (prefetched from its start) and reduce-scatters each gradient once it is ready. An all-gather
+    and a reduce-scatter each cost half an all-reduce: 1.5 times DDP's bytes in all.
     """
     network = network or unet()
-    machine = dataclasses.replace(machine, nvlink_bw=machine.nvlink_bw * network_efficiency,
-                                  node_network_bw=machine.node_network_bw * network_efficiency)
     compute = local_batch / one_gpu_rate
     forward = compute * network.forward_share
     backward = compute - forward
-    scale = 0.5 if comm_hook in ("bf16", "fp16") else 1.0
-    cut = buckets(network, bucket_cap_mb, first_bucket_mb)
     if parallel == "fsdp":
-        # Reduce-scatter and all-gather are each half of an all-reduce.
-        half = [(forward + ready * backward, allreduce_time(scale * size, gpus, machine) / 2) for size, ready in cut]
-        gathered = comm_timeline([(0.0, sum(d for _, d in half))])
-        forward_wait = max(0.0, gathered - forward)
-        end = comm_timeline([(forward, sum(d for _, d in half))] + half, start=forward)
+        units = [(g.bytes, g.ready) for g in network.gradients]
+        half = [allreduce_time(size, gpus, machine) / 2 for size, _ in units]
+        forward_wait = max(0.0, sum(half) - forward)  # the forward's all-gathers outrun its compute
+        reduce_scatters = [(forward + ready * backward, cost) for (_, ready), cost in zip(units, half)]
+        end = comm_timeline([(forward, sum(half))] + reduce_scatters)
+        exposed = forward_wait + max(0.0, end - compute)
+        broadcast, count = 0.0, len(units)
     else:
+        scale = 0.5 if comm_hook in ("bf16", "fp16") else 1.0
+        cut = buckets(network, bucket_cap_mb, first_bucket_mb)
         end = comm_timeline([(forward + ready * backward, allreduce_time(scale * size, gpus, machine))
                              for size, ready in cut])
-        forward_wait = 0.0
-    exposed = forward_wait + max(0.0, end - compute)
-    broadcast = broadcast_time(network.buffer_bytes, gpus, machine) if broadcast_buffers else 0.0
+        exposed = max(0.0, end - compute)
+        broadcast = broadcast_time(network.buffer_bytes, gpus, machine) if broadcast_buffers else 0.0
+        count = len(cut)
     step = compute + exposed + broadcast
     if machine.loader_rate:
-        step = max(step, local_batch / machine.loader_rate)
-    return Step(compute, exposed, broadcast, step, gpus * local_batch / step, len(cut))
+        step = max(step, local_batch / machine.loader_rate)  # the loader cannot keep up
+    return Step(compute, exposed, broadcast, step, gpus * local_batch / step, count)
 
 
 def scaling_table(machine, local_batch, one_gpu_rate, global_batch=1024, counts=GPU_COUNTS, **options):
@@ -286,12 +288,11 @@ def solve(function, target, low, high, steps=60):
     return (low + high) / 2
 
 
-def predict(row, rates, network_efficiency, machine=PERLMUTTER):
+def predict(row, rates, machine):
     """The model's value for a published row: samples/s, or weak-scaling efficiency."""
     rate = rates[row["local_batch"]]
     options = {"first_bucket_mb": 1.0, **row["options"]}  # the original's torch: a 1 MiB first bucket
-    step = step_time(machine, row["gpus"], row["local_batch"], rate, network_efficiency=network_efficiency,
-                     **options)
+    step = step_time(machine, row["gpus"], row["local_batch"], rate, **options)
     if "efficiency" in row:
         return step.samples_per_s / (row["gpus"] * step_time(machine, 1, row["local_batch"], rate).samples_per_s)
     return step.samples_per_s
@@ -309,19 +310,17 @@ def fit_published(machine=PERLMUTTER):
     """
     rates = {64: ONE_GPU_RATE["perlmutter"], 128: ONE_GPU_RATE["perlmutter"]}
     four, _, weak64, _ = PUBLISHED
-    rates[16] = solve(lambda r: predict(four, {**rates, 16: r}, 1.0, machine), four["samples_per_s"], 50.0, 5000.0)
-    nvlink_only = dataclasses.replace(machine, node_network_bw=machine.node_network_bw)
+    # One node: the network between nodes plays no part, so the two fits do not depend on each other.
+    rates[16] = solve(lambda r: predict(four, {**rates, 16: r}, machine), four["samples_per_s"], 50.0, 5000.0)
 
-    def efficiency(share):
-        shared = dataclasses.replace(nvlink_only, node_network_bw=machine.node_network_bw * share)
-        return predict(weak64, rates, 1.0, shared)
+    def with_share(share):
+        return dataclasses.replace(machine, node_network_bw=machine.node_network_bw * share)
 
-    share = solve(efficiency, weak64["efficiency"], 0.01, 1.0)
-    fitted = dataclasses.replace(machine, node_network_bw=machine.node_network_bw * share)
-    # The 4-GPU fit assumed the datasheet network; it does not use the network, so it stays exact.
+    share = solve(lambda s: predict(weak64, rates, with_share(s)), weak64["efficiency"], 0.01, 1.0)
+    fitted = with_share(share)
     rows = []
     for row in PUBLISHED:
-        value = predict(row, rates, 1.0, fitted)
+        value = predict(row, rates, fitted)
         published = row.get("efficiency", row.get("samples_per_s"))
         rows.append({"label": row["label"], "published": published, "predicted": value,
                      "error": value / published - 1,
@@ -344,15 +343,19 @@ KNOBS = [
 ]
 
 
+DDP_ONLY = {"bucket_cap_mb", "broadcast_buffers", "comm_hook"}
+
+
 def knob_options(knob):
     return {key: value for key, value in knob.items() if key != "local_batch"}
 
 
-def rank_knobs(machine, one_gpu_rate, gpus=128, combinations=True):
-    """The weak-scaling efficiency at ``gpus`` GPUs of each knob alone and, with ``combinations``,
+def rank_knobs(machine, one_gpu_rate, nodes=32, combinations=True):
+    """The weak-scaling efficiency on ``nodes`` nodes of each knob alone and, with ``combinations``,
     of every combination of the knobs that are not alternatives of one another; best first."""
     import itertools
 
+    gpus = nodes * machine.gpus_per_node
     def efficiency(knob):
         batch = knob.get("local_batch", 64)
         step = step_time(machine, gpus, batch, one_gpu_rate, first_bucket_mb=1.0, **knob_options(knob))
@@ -364,6 +367,8 @@ def rank_knobs(machine, one_gpu_rate, gpus=128, combinations=True):
                   for key in ("local_batch", "bucket_cap_mb", "broadcast_buffers", "comm_hook", "parallel")]
         for choice in itertools.product(*groups):
             chosen = [k for k in choice if k[0]]
+            if any("parallel" in k for _, k in chosen) and any(set(k) & DDP_ONLY for _, k in chosen):
+                continue  # train.py refuses --ddp_comm_hook with FSDP; buckets and broadcast are DDP's
             if len(chosen) > 1:
                 knob = {key: value for _, k in chosen for key, value in k.items()}
                 results.append((" ".join(name for name, _ in chosen), efficiency(knob)))
@@ -546,7 +551,8 @@ def report(out_dir, image=None):
                  + scaling_markdown(tables["h100"]) + "\n"),
     }
     for name, ranked in knobs.items():
-        texts[f"knobs-{name}"] = (f"# The knobs at 32 nodes: {machines[name].name}, "
+        texts[f"knobs-{name}"] = (f"# The knobs at 32 nodes ({32 * machines[name].gpus_per_node} GPUs): "
+                                  f"{machines[name].name}, "
                                   f"{'network at its datasheet bandwidth' if name.endswith('datasheet') else 'network at the fitted share'}"
                                   f"\n\n{made}\n\n" + knobs_markdown(ranked) + "\n")
     os.makedirs(out_dir, exist_ok=True)
@@ -606,7 +612,7 @@ def main(argv=None):
     machine, share = resolve_machine(args.machine, args.network_share)
     rate = args.one_gpu_rate or ONE_GPU_RATE[args.machine]
     if args.knobs:
-        print(knobs_markdown(rank_knobs(machine, rate)))
+        print(knobs_markdown(best_first(rank_knobs(machine, rate))))
         return
     options = {"bucket_cap_mb": args.bucket_cap_mb, "first_bucket_mb": args.first_bucket_mb,
                "comm_hook": args.comm_hook, "broadcast_buffers": not args.disable_broadcast_buffers,
