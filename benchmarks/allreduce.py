@@ -16,7 +16,8 @@ makes every rank start together, and rank 0 prints the median as one line
 
 The sizes are the buckets DDP makes of the full U-Net's gradients at 25 MB (with the 1 MiB first
 bucket) and of the demo model's (all of it in one bucket), and a few small ones for the latency. The
-fit is a ring's cost with N = 2, t = 2 x latency + bytes / bandwidth (see :func:`fit`): the CPU profile that ``benchmarks.scaling_model`` predicts the demo model's two-rank step with.
+fit is a ring's cost with N = 2, t = 2 x latency + bytes / bandwidth (see :func:`fit`): the CPU
+profile that ``benchmarks.scaling_model`` predicts the demo model's two-rank step with.
 """
 import argparse
 import datetime
@@ -25,8 +26,9 @@ import os
 import re
 import socket
 import statistics
-import sys
 import time
+
+from utils.errors import UserError, exit_on_user_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINE = re.compile(r"^ALLREDUCE ranks=(\d+) bytes=(\d+) seconds=([0-9.eE+-]+) backend=(\S+) host=(\S+)", re.M)
@@ -103,6 +105,7 @@ def summary(points, name, where, command, date):
             "latency_s": latency, "bandwidth_Bps": bandwidth}, "\n".join(lines) + "\n"
 
 
+@exit_on_user_error
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -111,16 +114,26 @@ def main(argv=None):
     parser.add_argument("--name", help="with --parse: the results' name, benchmarks/results/allreduce/<name>.*")
     parser.add_argument("--where", default="", help="with --parse: where it ran, for the results' README")
     parser.add_argument("--command", default="", help="with --parse: the command that measured it")
+    parser.add_argument("--out_dir", default=os.path.join(ROOT, "benchmarks", "results", "allreduce"))
+    parser.add_argument("--overwrite", action="store_true", help="with --parse: replace results of that name")
     args = parser.parse_args(argv)
 
     if args.parse:
+        from benchmarks.common import claim_files
+
+        if not args.name:
+            raise UserError("--parse needs --name=<name>: the results go to <out_dir>/<name>.json and .md.")
         with open(args.parse) as f:
             points = parse(f.read())
         if not points:
-            sys.exit(f"error: {args.parse} holds no ALLREDUCE lines.")
+            raise UserError(f"{args.parse} holds no ALLREDUCE lines: give the output of tests/slurm/allreduce.sh "
+                            "or of torchrun ... -m benchmarks.allreduce (rank 0 prints them).")
+        out = args.out_dir
+        claim_files([os.path.join(out, f"{args.name}.{kind}") for kind in ("json", "md")], args.overwrite,
+                    "an earlier measurement")
+        # The output's time: when the job wrote it (parse right after the measurement).
         stamp = datetime.datetime.fromtimestamp(os.path.getmtime(args.parse), datetime.timezone.utc)
         result, text = summary(points, args.name, args.where, args.command, stamp.isoformat(timespec="seconds"))
-        out = os.path.join(ROOT, "benchmarks", "results", "allreduce")
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, f"{args.name}.json"), "w") as f:
             json.dump(result, f, indent=1)

@@ -551,9 +551,9 @@ def report(out_dir, image=None):
                  + scaling_markdown(tables["h100"]) + "\n"),
     }
     for name, ranked in knobs.items():
+        network = "network at its datasheet bandwidth" if name.endswith("datasheet") else "network at the fitted share"
         texts[f"knobs-{name}"] = (f"# The knobs at 32 nodes ({32 * machines[name].gpus_per_node} GPUs): "
-                                  f"{machines[name].name}, "
-                                  f"{'network at its datasheet bandwidth' if name.endswith('datasheet') else 'network at the fitted share'}"
+                                  f"{machines[name].name}, {network}"
                                   f"\n\n{made}\n\n" + knobs_markdown(ranked) + "\n")
     os.makedirs(out_dir, exist_ok=True)
     for name, text in texts.items():

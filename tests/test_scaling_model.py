@@ -118,7 +118,8 @@ DDP_BUCKETS = textwrap.dedent("""
         torch.manual_seed(0)
         ddp = torch.nn.parallel.DistributedDataParallel(UNet(4, 5, 16, False), bucket_cap_mb=cap)
         calls = []
-        ddp.register_comm_hook(None, lambda state, bucket: calls.append(1) or default_hooks.allreduce_hook(None, bucket))
+        ddp.register_comm_hook(None, lambda state, bucket: calls.append(1)
+                               or default_hooks.allreduce_hook(None, bucket))
         for _ in range(2):  # DDP rebuilds its buckets in the order of the first backward pass
             calls.clear()
             ddp(torch.randn(1, 4, 32, 32, 32)).sum().backward()
@@ -191,7 +192,7 @@ def test_the_cpu_prediction_of_two_ranks_is_within_its_tolerance():
         assert row["exposed_ms"] > 0 and abs(row["error"]) < 0.10, row
 
 
-ALLREDUCE_OUTPUT = """[W1125 00:31:55.861933406 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved.
+ALLREDUCE_OUTPUT = """[W1125 00:31:55.861933406 socket.cpp:207] [c10d] The hostname of the client socket ...
 ALLREDUCE ranks=2 bytes=4096 seconds=0.000300 backend=gloo host=node1
 ALLREDUCE ranks=2 bytes=65536 seconds=0.000400 backend=gloo host=node1
 ALLREDUCE ranks=2 bytes=100000000 seconds=0.200200 backend=gloo host=node1
@@ -225,3 +226,22 @@ def test_the_committed_allreduce_results_are_their_outputs_parsed():
             result = json.load(f)
         assert result["points"] == points and len(points) == len(allreduce.gradient_sizes())
         assert (result["latency_s"], result["bandwidth_Bps"]) == pytest.approx(allreduce.fit(points))
+
+
+def test_parse_writes_the_results_and_refuses_to_write_over_them(tmp_path, capsys):
+    from benchmarks import allreduce
+
+    output = tmp_path / "unet-allreduce-7.out"
+    output.write_text(ALLREDUCE_OUTPUT)
+    argv = ["--parse", str(output), "--name", "test", "--where", "here", "--out_dir", str(tmp_path / "out")]
+    result = allreduce.main(argv)
+    assert json.loads((tmp_path / "out" / "test.json").read_text()) == json.loads(json.dumps(result))
+    assert "| 200000000 | 190.73 | 0.40020 | 0.50 |" in (tmp_path / "out" / "test.md").read_text()
+    with pytest.raises(SystemExit) as stopped:
+        allreduce.main(argv)
+    message = " ".join(capsys.readouterr().err.split())
+    assert stopped.value.code == 2 and "already holds test.json and test.md" in message
+    (tmp_path / "empty.out").write_text("nothing\n")
+    with pytest.raises(SystemExit):
+        allreduce.main(["--parse", str(tmp_path / "empty.out"), "--name", "x", "--out_dir", str(tmp_path / "o2")])
+    assert not (tmp_path / "o2").exists()
