@@ -49,24 +49,25 @@ class Machine:
     inter_latency: float    # one hop between nodes
     loader_rate: float      # samples/s that one GPU's data loader delivers (the loader's bound), or None
     source: str             # where the numbers come from
+    call_latency: float = 0.0  # the fixed cost of one collective call, whatever its size
 
 
 # Perlmutter's GPU node (https://docs.nersc.gov/systems/perlmutter/architecture/): 4 A100-SXM4-40GB
 # joined by NVLink 3 (12 links of 25 GB/s per direction per GPU: 300 GB/s, NVIDIA A100 datasheet) and
-# 4 HPE Slingshot 11 NICs of 200 Gb/s (25 GB/s) each: 100 GB/s per node. Latencies: NCCL's cost model's
-# hardware latencies are of the order of microseconds per hop (nccl/src/graph/tuning.cc: about 0.6 us
-# within a node over NVLink, a few us across the network plus a base cost); 1 us and 5 us stand for
-# them here (an assumption: the bandwidth terms dominate for 470 MB of gradients). Loader: the
-# original's DALI IO trial, 937 samples/s on one A100 (its README, "DALI + AMP + apex + JIT").
-PERLMUTTER = Machine("Perlmutter (4 x A100 per node)", 4, 300.0, 100.0, 1e-6, 5e-6, 937.0,
-                     "docs.nersc.gov/systems/perlmutter/architecture; NVIDIA A100 datasheet; "
-                     "the original tutorial's benchy IO trial")
+# 4 HPE Slingshot 11 NICs of 200 Gb/s (25 GB/s) each: 100 GB/s per node. Latencies: NCCL's own cost
+# model (nccl/src/graph/tuning.cc, hwLat and baseLat for the Simple protocol that large messages use):
+# 3.4 us per NVLink hop and 14 us per network hop of a ring, 8.4 us per call. Loader: the original's
+# DALI IO trial, 937 samples/s on one A100 (its README, "DALI + AMP + apex + JIT").
+NCCL_LATENCY = {"intra_latency": 3.4e-6, "inter_latency": 14e-6, "call_latency": 8.4e-6}
+PERLMUTTER = Machine("Perlmutter (4 x A100 per node)", 4, 300.0, 100.0, loader_rate=937.0,
+                     source="docs.nersc.gov/systems/perlmutter/architecture; NVIDIA A100 datasheet; "
+                     "the original tutorial's benchy IO trial", **NCCL_LATENCY)
 # An NVIDIA DGX H100 node (NVIDIA DGX H100 user guide): 8 H100-SXM5 on NVLink 4 (18 links, 900 GB/s
 # both directions: 450 GB/s each way) through NVSwitch, and 8 ConnectX-7 NICs of 400 Gb/s (50 GB/s):
 # 400 GB/s per node. No loader's bound: none is measured on an H100 (the A100's DALI rate, 937
 # samples/s, would bound it below its predicted compute).
-H100 = Machine("DGX H100 (8 x H100 per node)", 8, 450.0, 400.0, 1e-6, 5e-6, None,
-               "NVIDIA DGX H100 user guide (NVLink 4, 8 x ConnectX-7 400 Gb/s)")
+H100 = Machine("DGX H100 (8 x H100 per node)", 8, 450.0, 400.0, loader_rate=None,
+               source="NVIDIA DGX H100 user guide (NVLink 4, 8 x ConnectX-7 400 Gb/s)", **NCCL_LATENCY)
 MACHINES = {"perlmutter": PERLMUTTER, "h100": H100}
 
 # One GPU's samples/s of bs64_opt (DALI, AMP fp16, apex, JIT) at local batch 64, epoch 4: the original's
@@ -166,7 +167,7 @@ def allreduce_time(size, gpus, machine):
     ring = 2 * (gpus - 1) / gpus * size / bandwidth + 2 * (gpus - 1) * hop
     tree = 2 * size / bandwidth + 2 * ((per_node - 1) * machine.intra_latency
                                        + math.log2(nodes) * machine.inter_latency)
-    return min(ring, tree)
+    return machine.call_latency + min(ring, tree)
 
 
 def broadcast_time(size, gpus, machine):

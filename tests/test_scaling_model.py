@@ -45,6 +45,8 @@ def test_latency_chooses_the_tree_for_many_small_messages():
     assert model.allreduce_time(1.0, 4, slow_hops) == pytest.approx(2 * 3 * 1e-6)  # ring = tree in a node
     # 256 GPUs on 64 nodes: the ring's 510 hops against the tree's 3 in the node and log2(64) between nodes.
     assert model.allreduce_time(1.0, 256, slow_hops) == pytest.approx(2 * (3 * 1e-6 + 6 * 10e-6))
+    per_call = dataclasses.replace(slow_hops, call_latency=8e-6)  # once per all-reduce, whatever the size
+    assert model.allreduce_time(1.0, 256, per_call) == pytest.approx(8e-6 + 2 * (3 * 1e-6 + 6 * 10e-6))
 
 
 def test_overlap_hides_what_is_ready_early():
