@@ -1,7 +1,7 @@
 """A scaling model on paper: one DDP training step's time on N GPUs, from one GPU's throughput and the network.
 
     python -m benchmarks.scaling_model                      # bs64_opt weak scaling on Perlmutter, 1 .. 1024 GPUs
-    python -m benchmarks.scaling_model --machine h100 --local_batch_size=128 --bucket_cap_mb=100 --comm_hook=bf16
+    python -m benchmarks.scaling_model --machine h100 --local_batch_size=128 --bucket_cap_mb=100 --ddp_comm_hook=bf16
     python -m benchmarks.scaling_model --check              # against the original tutorial's published numbers
     python -m benchmarks.scaling_model --knobs              # which knob recovers what, at 32 nodes
 
@@ -199,12 +199,12 @@ class Step:
 
 
 def step_time(machine, gpus, local_batch, one_gpu_rate, network=None, bucket_cap_mb=25.0, first_bucket_mb=1.0,
-              comm_hook="none", broadcast_buffers=True, parallel="ddp"):
+              ddp_comm_hook="none", broadcast_buffers=True, parallel="ddp"):
     """One training step on ``gpus`` GPUs, at ``one_gpu_rate`` samples/s per GPU when alone.
 
     DDP: each bucket's all-reduce starts when its last gradient is ready (forward, then that share of
     the backward) and the bucket before it is done; what runs past the end of the backward pass is
-    exposed. ``comm_hook`` bf16 or fp16 halves the bytes. ``parallel="fsdp"`` (no buckets, no comm
+    exposed. ``ddp_comm_hook`` bf16 or fp16 halves the bytes. ``parallel="fsdp"`` (no buckets, no comm
     hook, no broadcast: those are DDP's): each parameter tensor is sharded, so the forward
     all-gathers every one (overlapping the forward compute), the backward all-gathers them again
     (prefetched from its start) and reduce-scatters each gradient once it is ready. An all-gather
@@ -223,7 +223,7 @@ def step_time(machine, gpus, local_batch, one_gpu_rate, network=None, bucket_cap
         exposed = forward_wait + max(0.0, end - compute)
         broadcast, count = 0.0, len(units)
     else:
-        scale = 0.5 if comm_hook in ("bf16", "fp16") else 1.0
+        scale = 0.5 if ddp_comm_hook in ("bf16", "fp16") else 1.0
         cut = buckets(network, bucket_cap_mb, first_bucket_mb)
         end = comm_timeline([(forward + ready * backward, allreduce_time(scale * size, gpus, machine))
                              for size, ready in cut])
@@ -339,12 +339,12 @@ KNOBS = [
     ("--bucket_cap_mb=100", {"bucket_cap_mb": 100}),
     ("--bucket_cap_mb=10", {"bucket_cap_mb": 10}),
     ("--disable_broadcast_buffers", {"broadcast_buffers": False}),
-    ("--ddp_comm_hook=bf16", {"comm_hook": "bf16"}),
+    ("--ddp_comm_hook=bf16", {"ddp_comm_hook": "bf16"}),
     ("--parallel=fsdp", {"parallel": "fsdp"}),
 ]
 
 
-DDP_ONLY = {"bucket_cap_mb", "broadcast_buffers", "comm_hook"}
+DDP_ONLY = {"bucket_cap_mb", "broadcast_buffers", "ddp_comm_hook"}
 
 
 def knob_options(knob):
@@ -365,7 +365,7 @@ def rank_knobs(machine, one_gpu_rate, nodes=32, combinations=True):
     results = [(name, efficiency(knob)) for name, knob in KNOBS]
     if combinations:
         groups = [[("", {})] + [k for k in KNOBS[1:] if list(k[1]) == [key]]
-                  for key in ("local_batch", "bucket_cap_mb", "broadcast_buffers", "comm_hook", "parallel")]
+                  for key in ("local_batch", "bucket_cap_mb", "broadcast_buffers", "ddp_comm_hook", "parallel")]
         for choice in itertools.product(*groups):
             chosen = [k for k in choice if k[0]]
             if any("parallel" in k for _, k in chosen) and any(set(k) & DDP_ONLY for _, k in chosen):
@@ -589,7 +589,7 @@ def main(argv=None):
     parser.add_argument("--bucket_cap_mb", type=float, default=25.0)
     parser.add_argument("--first_bucket_mb", type=float, default=1.0, help="DDP's first bucket (1 MiB in the "
                         "original's torch)")
-    parser.add_argument("--comm_hook", choices=("none", "bf16", "fp16"), default="none")
+    parser.add_argument("--ddp_comm_hook", choices=("none", "bf16", "fp16"), default="none")
     parser.add_argument("--disable_broadcast_buffers", action="store_true")
     parser.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp")
     parser.add_argument("--network_share", default="fitted", help="the share of the datasheet's network "
@@ -616,7 +616,7 @@ def main(argv=None):
         print(knobs_markdown(best_first(rank_knobs(machine, rate))))
         return
     options = {"bucket_cap_mb": args.bucket_cap_mb, "first_bucket_mb": args.first_bucket_mb,
-               "comm_hook": args.comm_hook, "broadcast_buffers": not args.disable_broadcast_buffers,
+               "ddp_comm_hook": args.ddp_comm_hook, "broadcast_buffers": not args.disable_broadcast_buffers,
                "parallel": args.parallel}
     rows = scaling_table(machine, args.local_batch_size, rate, args.global_batch_size, **options)
     print(f"{machine.name}, one GPU at {rate:.0f} samples/s, the network at {percent(share)} of its datasheet "

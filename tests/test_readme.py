@@ -414,7 +414,7 @@ RUN = {
                                      ddp_comm_hook="bf16")),
     "python -m benchmarks.scaling_model --check": Run(data=False, check=check_output("| 32 nodes, local batch 64")),
     "python -m benchmarks.scaling_model --knobs": Run(data=False, check=check_output("| --ddp_comm_hook=bf16 |")),
-    "python -m benchmarks.scaling_model --machine h100 --local_batch_size=128 --comm_hook=bf16 --out model.png": Run(
+    "python -m benchmarks.scaling_model --machine h100 --local_batch_size=128 --ddp_comm_hook=bf16 --out model.png": Run(
         data=False, check=check_png("model.png")),
     "torchrun --standalone --nproc_per_node=2 -m benchmarks.allreduce": Run(
         data=False, append="--repeats 1 --warmup 0", check=check_output("ALLREDUCE ranks=2 bytes=4096 ")),

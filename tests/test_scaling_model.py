@@ -65,7 +65,7 @@ def test_overlap_hides_what_is_ready_early():
 def test_bf16_hook_halves_the_bytes():
     doubled = dataclasses.replace(SIMPLE, nvlink_bw=200.0, node_network_bw=20.0)
     for gpus in (4, 32):
-        half = model.step_time(SIMPLE, gpus, 16, 500.0, comm_hook="bf16")
+        half = model.step_time(SIMPLE, gpus, 16, 500.0, ddp_comm_hook="bf16")
         assert half.exposed == pytest.approx(model.step_time(doubled, gpus, 16, 500.0).exposed)
         assert half.exposed < model.step_time(SIMPLE, gpus, 16, 500.0).exposed
 
@@ -179,7 +179,7 @@ def test_knobs_ranked_at_32_nodes():
 
 
 def test_command_line_prints_a_table(capsys, tmp_path):
-    model.main(["--machine", "h100", "--local_batch_size=128", "--comm_hook=bf16", "--out", str(tmp_path / "p.png")])
+    model.main(["--machine", "h100", "--local_batch_size=128", "--ddp_comm_hook=bf16", "--out", str(tmp_path / "p.png")])
     out = capsys.readouterr().out
     assert "| 1024 | 128 |" in out and (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
