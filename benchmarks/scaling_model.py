@@ -262,19 +262,18 @@ def scaling_table(machine, local_batch, one_gpu_rate, global_batch=1024, counts=
 # with the run's settings. Its 4- and 8-GPU rows ran bs64_opt at local batch 16 with
 # --disable_broadcast_buffers --bucket_cap_mb 100; its weak scaling to 32 nodes kept the defaults
 # (25 MB buckets, broadcast on), at local batch 64 and 128.
+# ``tolerance``: the relative error tests/test_scaling_model.py allows; a fitted row's is the fit's own
+# precision, a predicted row's the error the model makes today, so that a change that makes it worse fails.
 PUBLISHED = [
     {"label": "4 GPUs (1 node), local batch 16, 100 MB buckets, no broadcast", "gpus": 4, "local_batch": 16,
-     "options": {"bucket_cap_mb": 100, "broadcast_buffers": False}, "samples_per_s": 2059.1},
+     "options": {"bucket_cap_mb": 100, "broadcast_buffers": False}, "samples_per_s": 2059.1, "tolerance": 0.001},
     {"label": "8 GPUs (2 nodes), local batch 16, 100 MB buckets, no broadcast", "gpus": 8, "local_batch": 16,
-     "options": {"bucket_cap_mb": 100, "broadcast_buffers": False}, "samples_per_s": 3588.4},
+     "options": {"bucket_cap_mb": 100, "broadcast_buffers": False}, "samples_per_s": 3588.4, "tolerance": 0.42},
     {"label": "32 nodes, local batch 64, weak-scaling efficiency", "gpus": 128, "local_batch": 64,
-     "options": {}, "efficiency": 0.78},
+     "options": {}, "efficiency": 0.78, "tolerance": 0.001},
     {"label": "32 nodes, local batch 128, weak-scaling efficiency", "gpus": 128, "local_batch": 128,
-     "options": {}, "efficiency": 0.89},
+     "options": {}, "efficiency": 0.89, "tolerance": 0.10},
 ]
-# What the check is allowed to miss by, and tests/test_scaling_model.py holds it to: the fitted rows
-# by 1% (the fit's own precision), the predicted ones by the error the model makes today.
-TOLERANCE = {"fitted": 0.01, "predicted": 0.45}
 
 
 def solve(function, target, low, high, steps=60):
@@ -299,6 +298,7 @@ def predict(row, rates, machine):
     return step.samples_per_s
 
 
+@functools.lru_cache(maxsize=None)
 def fit_published(machine=PERLMUTTER):
     """Fit the two terms the published numbers do not give, each to one row, and predict the others.
 
@@ -324,7 +324,7 @@ def fit_published(machine=PERLMUTTER):
         value = predict(row, rates, fitted)
         published = row.get("efficiency", row.get("samples_per_s"))
         rows.append({"label": row["label"], "published": published, "predicted": value,
-                     "error": value / published - 1,
+                     "error": value / published - 1, "tolerance": row["tolerance"],
                      "term": {four["label"]: "fitted: one GPU's samples/s at local batch 16",
                               weak64["label"]: "fitted: the network's reached bandwidth"}.get(row["label"],
                                                                                             "predicted")})
@@ -357,6 +357,7 @@ def rank_knobs(machine, one_gpu_rate, nodes=32, combinations=True):
     import itertools
 
     gpus = nodes * machine.gpus_per_node
+
     def efficiency(knob):
         batch = knob.get("local_batch", 64)
         step = step_time(machine, gpus, batch, one_gpu_rate, first_bucket_mb=1.0, **knob_options(knob))
@@ -414,9 +415,9 @@ def check_markdown(fit):
     return "\n".join(lines)
 
 
-def knobs_markdown(ranked, top=None):
+def knobs_markdown(ranked):
     lines = ["| knobs on bs64_opt (local batch 64, 25 MB buckets) | predicted efficiency at 32 nodes |", "|---|---|"]
-    for name, value in ranked[:top]:
+    for name, value in ranked:
         lines.append(f"| {name} | {percent(value)} |")
     return "\n".join(lines)
 
@@ -507,6 +508,14 @@ def cpu_markdown(check):
     return "\n".join(lines)
 
 
+def knob_table(machine, one_gpu_rate):
+    """Each knob alone, best first, and then the best combination of knobs."""
+    ranked = best_first(rank_knobs(machine, one_gpu_rate))
+    singles = [item for item in ranked if item[0].count("--") <= 1]
+    combined = [item for item in ranked if item[0].count("--") > 1]
+    return singles + combined[:1]
+
+
 def best_first(ranked):
     """The knob settings best first; among equal efficiencies (to 0.1%), the fewest knobs first."""
     return sorted(ranked, key=lambda item: (-round(item[1], 3), item[0].count("--")))
@@ -522,12 +531,7 @@ def report(out_dir, image=None):
     rates = {"perlmutter": ONE_GPU_RATE["perlmutter"], "h100": ONE_GPU_RATE["h100"],
              "h100-datasheet": ONE_GPU_RATE["h100"]}
     tables = {name: scaling_table(machines[name], 64, rates[name]) for name in ("perlmutter", "h100")}
-    knobs = {}
-    for name in machines:
-        ranked = best_first(rank_knobs(machines[name], rates[name]))
-        singles = [item for item in ranked if item[0].count("--") <= 1]
-        combined = [item for item in ranked if item[0].count("--") > 1]
-        knobs[name] = singles + combined[:1]  # each knob alone, and the best combination
+    knobs = {name: knob_table(machines[name], rates[name]) for name in machines}
     cpu = cpu_check()
     result = {"command": "python -m benchmarks.scaling_model --report", "network_share": share,
               "rate_16": fit["rate_16"], "check": fit["rows"], "cpu": cpu, "tables": tables,
@@ -613,7 +617,7 @@ def main(argv=None):
     machine, share = resolve_machine(args.machine, args.network_share)
     rate = args.one_gpu_rate or ONE_GPU_RATE[args.machine]
     if args.knobs:
-        print(knobs_markdown(best_first(rank_knobs(machine, rate))))
+        print(knobs_markdown(knob_table(machine, rate)))
         return
     options = {"bucket_cap_mb": args.bucket_cap_mb, "first_bucket_mb": args.first_bucket_mb,
                "ddp_comm_hook": args.ddp_comm_hook, "broadcast_buffers": not args.disable_broadcast_buffers,
