@@ -467,6 +467,10 @@ RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CPU_NETWORKS = {"two ranks on one machine (loopback)": "allreduce/two-ranks-one-machine.json",
                 "two Slurm nodes (tests/slurm)": "allreduce/two-nodes-slurm.json"}
 CPU_SCALING = "scaling/cpu-vm-2-cores-2026-11-23"
+# Its torch (2.13.0, its scaling.json says) gave DDP's first bucket the whole bucket_cap_mb: the demo
+# model's 16 MiB went in one bucket (first_bucket_mb_of_this_torch, checked against a real DDP by
+# tests/test_scaling_model.py). Fixed here, so that the check reads the same under another torch.
+CPU_SCALING_TORCH, CPU_SCALING_FIRST_BUCKET_MB = "2.13.0", 25.0
 
 
 def cpu_machine(allreduce_json):
@@ -481,18 +485,20 @@ def cpu_machine(allreduce_json):
 def cpu_check(results=RESULTS):
     """The demo model's 2-rank DDP step predicted from its measured 1-rank step and a measured gloo
     profile, against the 2-rank step measured the same day (FULL trials, local batch 8, one core per
-    rank). This torch gives the first bucket the whole bucket_cap_mb: one 16 MiB bucket, ready when
-    the backward pass ends, so nothing hides."""
+    rank). One 16 MiB bucket, ready when the backward pass ends, so nothing hides."""
     from benchmarks import plot_scaling
 
     index, ddp, noddp = plot_scaling.read_folder(os.path.join(results, CPU_SCALING))
+    if index["torch"].split("+")[0] != CPU_SCALING_TORCH:
+        raise ValueError(f"{CPU_SCALING} was made with torch {index['torch']}, whose DDP may bucket differently "
+                         f"from {CPU_SCALING_TORCH}'s: set CPU_SCALING_FIRST_BUCKET_MB for it")
     batch = index["local_batch"]
     one, two = batch / ddp[1], 2 * batch / ddp[2]  # step times, s
     network = unet(16, False, 32)  # the demo config's U-Net
     rows = [{"label": "measured", "step_ms": 1e3 * two, "samples_per_s": ddp[2], "error": 0.0}]
     for label, path in CPU_NETWORKS.items():
         step = step_time(cpu_machine(os.path.join(results, path)), 2, batch, ddp[1], network,
-                         first_bucket_mb=first_bucket_mb_of_this_torch(25))
+                         first_bucket_mb=CPU_SCALING_FIRST_BUCKET_MB)
         rows.append({"label": f"predicted, {label}", "step_ms": 1e3 * step.step, "exposed_ms": 1e3 * step.exposed,
                      "samples_per_s": step.samples_per_s, "error": step.step / two - 1})
     return {"one_rank_step_ms": 1e3 * one, "one_rank_samples_per_s": ddp[1], "rows": rows,
