@@ -629,8 +629,8 @@ def main(argv=None):
                "ddp_comm_hook": args.ddp_comm_hook, "broadcast_buffers": not args.disable_broadcast_buffers,
                "parallel": args.parallel}
     rows = scaling_table(machine, args.local_batch_size, rate, args.global_batch_size, **options)
-    print(f"{machine.name}, one GPU at {rate:.0f} samples/s, the network at {percent(share)} of its datasheet "
-          f"bandwidth; local batch {args.local_batch_size}, {options}\n")
+    print(f"{machine.name}: one GPU at {rate:.0f} samples/s, the network at {percent(share)} of its datasheet "
+          f"bandwidth; local batch {args.local_batch_size}, " + " ".join(f"{k}={v}" for k, v in options.items()) + "\n")
     print(scaling_markdown(rows))
     if args.out:
         plot({machine.name: rows}, args.out, f"local batch {args.local_batch_size}, predicted")

@@ -179,7 +179,8 @@ def test_knobs_ranked_at_32_nodes():
 
 
 def test_command_line_prints_a_table(capsys, tmp_path):
-    model.main(["--machine", "h100", "--local_batch_size=128", "--ddp_comm_hook=bf16", "--out", str(tmp_path / "p.png")])
+    model.main(["--machine", "h100", "--local_batch_size=128", "--ddp_comm_hook=bf16",
+                "--out", str(tmp_path / "p.png")])
     out = capsys.readouterr().out
     assert "| 1024 | 128 |" in out and (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
