@@ -85,6 +85,7 @@ def test_unet_gradients_and_buckets_are_the_original_ones():
     assert len(model.buckets(network, 25)) == 8 and len(model.buckets(network, 100)) == 5
     assert [round(size / model.MIB) for size, _ in model.buckets(network, 100, first_bucket_mb=100)] == \
         [212, 128, 104, 2]  # torch 2.13 with an explicit bucket_cap_mb: no 1 MiB first bucket
+    assert len(model.buckets(network, 25, first_bucket_mb=25)) == 7
     readies = [g.ready for g in network.gradients]
     assert readies == sorted(readies) and readies[-1] == pytest.approx(1.0)
 
