@@ -15,6 +15,8 @@
 - ``scaling_<folder>.png``: weak- or strong-scaling throughput and communication overhead of each committed
   ``benchmarks/results/scaling/<folder>/`` with two sizes or more (written by ``python -m
   benchmarks.scaling``).
+- ``scaling_model.png``: bs64_opt's weak and strong scaling on Perlmutter and DGX H100 nodes as
+  ``benchmarks/scaling_model.py`` predicts them.
 - ``profile_<folder>_<rung>.png``: a timeline of two steps of each committed torch profiler trace,
   listed in ``profiles.json`` of ``sample_nsys_profiles/`` and ``example_logs/cpu_profiles/``
   (written by ``python -m benchmarks.profiles``).
@@ -266,6 +268,10 @@ def main(argv=None):
         print(f"wrote {name} from {os.path.relpath(path, ROOT)}")
     for name, folder in scaling_figures(args.results, args.out_dir):
         print(f"wrote {name} from {os.path.relpath(folder, ROOT)}")
+    from benchmarks import scaling_model  # a computation from published numbers: no results file needed
+
+    scaling_model.figure(os.path.join(args.out_dir, "scaling_model.png"))
+    print("wrote scaling_model.png from benchmarks/scaling_model.py")
     for folder in args.profiles:
         for name in profile_figures(folder, args.out_dir):
             print(f"wrote {name} from {os.path.relpath(folder, ROOT)}")

@@ -142,6 +142,9 @@ NOT_RUN = [
     (r"make test", "the test suite itself"),
     (r"docker build .*", "needs a Docker engine; tests/test_docker.py lints docker/Dockerfile with hadolint"),
     (r"podman-hpc build .*", "needs Perlmutter's podman-hpc; tests/test_docker.py lints docker/Dockerfile"),
+    (r"sbatch -N 2 --ntasks-per-node=1 --cpus-per-task=1 tests/slurm/allreduce\.sh",
+     "needs a Slurm cluster of two nodes (tests/slurm/cluster.sh starts one as root); its committed output is "
+     "parsed by tests/test_scaling_model.py"),
     (r"(\w+=\S*\s+)*sbatch .*", SLURM),
     (r"for .*; do .*sbatch .*; done", SLURM),
     (r"\.venv/bin/pip install -r requirements-dali\.txt",
@@ -333,6 +336,12 @@ def check_png(name):
     return check
 
 
+def check_output(text):
+    def check(scratch, output):
+        assert text in output, output[-3000:]
+    return check
+
+
 def benchy_run(name, *extra):
     """A one-rank benchy run that writes scaling/<name>.json: the kind of file the sbatch loop makes."""
     return (f"BENCHY_OUTPUT=scaling/{name} python train.py --config=test --run_num={name} --enable_benchy "
@@ -409,6 +418,12 @@ RUN = {
     "--lr_scaling=sqrt --warmup_steps=32 --bucket_cap_mb=100 --disable_broadcast_buffers --ddp_comm_hook=bf16": Run(
         append=TINY, check=check_run("demo", devices="2CPU", global_batch_size=16, warmup_steps=32,
                                      ddp_comm_hook="bf16")),
+    "python -m benchmarks.scaling_model --check": Run(data=False, check=check_output("| 32 nodes, local batch 64")),
+    "python -m benchmarks.scaling_model --knobs": Run(data=False, check=check_output("| --ddp_comm_hook=bf16 |")),
+    "python -m benchmarks.scaling_model --machine h100 --local_batch_size=128 --ddp_comm_hook=bf16 --out model.png": Run(
+        data=False, check=check_png("model.png")),
+    "torchrun --standalone --nproc_per_node=2 -m benchmarks.allreduce": Run(
+        data=False, append="--repeats 1 --warmup 0", check=check_output("ALLREDUCE ranks=2 bytes=4096 ")),
     # Its inputs come from the sbatch loop above; here from two real one-rank CPU benchy runs.
     "python -m benchmarks.plot_scaling --ddp scaling/ddp_*.json --noddp scaling/noddp_*.json --out scaling.png": Run(
         before=(benchy_run("ddp_1"), benchy_run("noddp_1", "--noddp")),
@@ -557,3 +572,36 @@ def test_readme_command_runs_on_cpu(command, tmp_path, readme_data):
     finally:  # pytest keeps the last runs' tmp_path: keep the logs, not the data copies
         for folder in ("data", "real"):
             shutil.rmtree(os.path.join(scratch, folder), ignore_errors=True)
+
+
+def test_scaling_model_prose_is_that_of_its_report():
+    """The numbers the README's scaling-model section states in words come from the committed report
+    (benchmarks/results/scaling_model/report.json) or from the model's code, as its tables do."""
+    from benchmarks import scaling_model as model
+
+    section = README.split("### A scaling model on paper", 1)[1].split("\n## ", 1)[0]
+    text = " ".join(section.split())  # line breaks as spaces
+    with open(os.path.join(ROOT, "benchmarks", "results", "scaling_model", "report.json")) as f:
+        report = json.load(f)
+    assert f"trains only {report['rate_16']:.0f} samples/s at local batch 16" in text
+    assert f"NCCL reached {100 * report['network_share']:.1f}% of Slingshot 11's" in text
+    network = model.unet()
+    total = sum(g.bytes for g in network.gradients)
+    ready = sum(g.bytes for g in network.gradients if 0.66 <= g.ready <= 0.74) / total
+    early = sum(g.bytes for g in network.gradients if g.ready < 0.58) / model.MIB
+    assert f"{100 * ready:.0f}% of the gradient bytes become ready between 66% and 74%" in text
+    assert f"only the last layers' {early:.0f} MiB earlier" in text
+    assert f"{total / 1e6:.0f} MB of fp32 gradients" in text
+    step = {batch: batch / model.ONE_GPU_RATE["perlmutter"] for batch in (64, 128)}
+    lost = {row["local_batch"]: 1e3 * step[row["local_batch"]] * (1 / row["efficiency"] - 1)
+            for row in model.PUBLISHED if "efficiency" in row}
+    machine, _ = model.resolve_machine("perlmutter", report["network_share"])
+    exposed = 1e3 * model.step_time(machine, 128, 128, model.ONE_GPU_RATE["perlmutter"]).exposed
+    assert f"about {lost[64]:.0f} ms at local batch 64 and {lost[128]:.0f} ms at 128" in text
+    assert f"loses {exposed:.1f} ms" in text
+    assert "at the full datasheet bandwidth every setting is above 99%" in text
+    h100 = {k["knobs"]: k["efficiency"] for k in report["knobs"]["h100"]}
+    baseline = h100.pop("bs64_opt as published (the baseline)")
+    assert f"{100 * baseline:.1f}% at 32 nodes (256 GPUs), and the same knobs pass 95%" in text
+    assert min(h100[k] for k in ("--ddp_comm_hook=bf16", "--local_batch_size=128", "--parallel=fsdp")) > 0.95
+    assert min(k["efficiency"] for k in report["knobs"]["h100-datasheet"]) > 0.99
