@@ -312,11 +312,9 @@ def finish(tensorboard, metric_lines, run_dir, params, world):
 @exit_on_user_error
 @exit_on_lost_rank
 def main(argv=None, make_step=None, graph_capture=False):
-    """Set everything up, then train: ``num_epochs`` of (train, log, validate, checkpoint).
-
-    ``make_step(model, optimizer, loss_fn, precision, params)`` makes the function that trains on one
-    batch; train_graph.py's replays a CUDA graph, with ``graph_capture`` asking for parts it can capture.
-    """
+    """Set everything up, then train: ``num_epochs`` of (train, log, validate, checkpoint). ``make_step``
+    (model, optimizer, loss_fn, precision, params) makes the function that trains on one batch:
+    train_graph.py's replays a CUDA graph, with ``graph_capture`` asking for parts it can capture."""
     # The ranks, the options and the device: decided once, then passed down.
     world = read_world()
     params = load_params(sys.argv[1:] if argv is None else argv, world.size,
@@ -360,9 +358,8 @@ def main(argv=None, make_step=None, graph_capture=False):
     checkpoints = Checkpointer(run_dir, params, world, device)
     profiling = Profiling(params, world, device, run_dir, steps_per_epoch, position.step)
     # --enable_benchy: the epochs become benchy's trials, and, as in the original, nothing is validated.
+    train_loader = wrap_for_benchy(train_loader, params, world, device, run_dir)  # the loader itself when off
     validating = not params.enable_benchy
-    if params.enable_benchy:
-        train_loader = wrap_for_benchy(train_loader, params, world, device, run_dir)
 
     logging.info("Starting Training Loop...")
     metric_lines = []
@@ -385,12 +382,10 @@ def main(argv=None, make_step=None, graph_capture=False):
                     metric_lines = validate_and_log(validation, tensorboard, run_dir, params, world,
                                                     position.step)
                 position = position.next_epoch()
-            stopping = stop.agreed()
             finished = epoch + 1 == params.num_epochs or getattr(train_loader, "stop_training", False)
-            checkpoints.save(model, optimizer, precision.scaler, dataclasses.asdict(position),
-                             due=stopping or finished)
+            checkpoints.save(model, optimizer, precision.scaler, position, due=stop.agreed() or finished)
             tensorboard.flush()
-            if stopping:
+            if stop.received:  # on every rank once one has it: agreed() asked them all
                 exit_on_signal(stop, position, run_dir, world, tensorboard)
             if finished:  # the last epoch, or benchy's trials are all done
                 break

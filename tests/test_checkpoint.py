@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from networks.UNet import UNet
+from train import Position
 from utils.YParams import YParams
 from utils.checkpoint import Checkpointer, load_checkpoint, save_checkpoint
 from utils.optim import build_optimizer
@@ -109,15 +110,14 @@ def test_checkpointer_writes_when_due_and_says_how_long_it_took(tmp_path, caplog
     params.update({"checkpoint_interval_s": 3600})
     checkpoints = Checkpointer(str(tmp_path), params)
     with caplog.at_level(logging.INFO):
-        checkpoints.save(model, optimizer, scaler, {"epoch": 1, "step": 4, "batch_in_epoch": 0})
+        checkpoints.save(model, optimizer, scaler, Position(1, 4, 0))
         assert not path.exists()  # an hour has not passed
-        checkpoints.save(model, optimizer, scaler, {"epoch": 1, "step": 6, "batch_in_epoch": 2}, due=True)
+        checkpoints.save(model, optimizer, scaler, Position(1, 6, 2), due=True)
         assert torch.load(path, weights_only=True)["position"]["step"] == 6  # a stop signal: due
     assert re.search(r"Checkpoint written in [\d.]+ sec \(0\.\d\d GiB\): " + re.escape(str(path)), caplog.text)
     params.update({"checkpoint_interval_s": 0})
-    Checkpointer(str(tmp_path), params).save(model, optimizer, scaler, {"epoch": 2, "step": 8, "batch_in_epoch": 0})
+    Checkpointer(str(tmp_path), params).save(model, optimizer, scaler, Position(2, 8, 0))
     assert torch.load(path, weights_only=True)["position"]["step"] == 8  # every epoch
     params.update({"checkpoint": False})
-    Checkpointer(str(tmp_path), params).save(model, optimizer, scaler, {"epoch": 3, "step": 9, "batch_in_epoch": 0},
-                                             due=True)
+    Checkpointer(str(tmp_path), params).save(model, optimizer, scaler, Position(3, 9, 0), due=True)
     assert torch.load(path, weights_only=True)["position"]["step"] == 8  # off

@@ -14,6 +14,7 @@ state is about 1.3 GiB, and with hundreds of short epochs (the large-batch confi
 writing one per epoch can take as long as the training. Each write's duration is logged in a line
 of its own: it is outside the epoch timer but inside the job's time to solution and time limit.
 """
+import dataclasses
 import logging
 import os
 import time
@@ -98,13 +99,14 @@ class Checkpointer:
         self.last_write = time.monotonic()  # the run's start counts as a write: the interval runs from there
 
     def save(self, model, optimizer, scaler, position, due=False):
+        """``position``: train.py's Position (a dataclass of epoch, step and batches done in the epoch)."""
         if not self.params.checkpoint:
             return
         elapsed = time.monotonic() - self.last_write
         if not agree_to_stop(due or elapsed >= self.params.checkpoint_interval_s, self.world, self.device):
             return
         start = time.monotonic()
-        save_checkpoint(self.path, model, optimizer, scaler, position, self.params, self.world)
+        save_checkpoint(self.path, model, optimizer, scaler, dataclasses.asdict(position), self.params, self.world)
         self.last_write = time.monotonic()
         if self.world.is_main:
             logging.info("Checkpoint written in %.2f sec (%.2f GiB): %s", self.last_write - start,
