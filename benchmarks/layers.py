@@ -18,7 +18,6 @@ Results: ``benchmarks/results/layers/<device>-<date>-<precision>.json`` and ``.m
 they exist: ``--out_dir`` elsewhere, or ``--overwrite``).
 """
 import datetime
-import json
 import os
 import sys
 import time
@@ -26,7 +25,8 @@ import time
 import torch
 
 import train
-from benchmarks.common import ROOT, argument_parser, check_preset, claim_files, device_name, device_slug
+from benchmarks.common import (ROOT, argument_parser, check_preset, claim_files, device_name, device_slug,
+                               write_report)
 from utils.YParams import load_params
 from utils.conv3d import check_conv3d, cudnn_text
 from utils.distributed import World
@@ -227,14 +227,7 @@ def main(argv=None):
                         "share_of_step": seconds / step_seconds, "model_gflop": model_flops / 1e9,
                         "step_ms": 1e3 * step_seconds, "step_tflops": model_flops / step_seconds / 1e12,
                         "mfu": model_flops / step_seconds / peak if peak else None}}
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(base + ".json", "w") as f:
-        json.dump(report, f, indent=1)
-    table = markdown(report)
-    with open(base + ".md", "w") as f:
-        f.write(table)
-    print(table)
-    print(f"Results: {base}.json, {base}.md")
+    write_report(base, report, markdown(report))
 
 
 if __name__ == "__main__":
