@@ -36,7 +36,7 @@ def test_cpu_preset_writes_the_table_and_refuses_to_overwrite_it(tmp_path, capsy
 
 def test_flop_table_shares_and_intensity(capsys):
     """The README's FLOP table: the transposed convolutions carry 68% of the FLOPs, `up 1` a third, the
-    deepest layers (1^3 to 4^3 inputs) 3.2%; printed without a GPU by `--flops`."""
+    deepest layers (1^3 to 4^3 inputs) 3.3%; printed without a GPU by `--flops`."""
     params = YParams("config/UNet.yaml", "base")
     rows = layers.layer_flops(params, batch=1)
     total = sum(flops for *_, flops in rows)
