@@ -153,6 +153,7 @@ NOT_RUN = [
     (r"python -m benchmarks\.ladder", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
     (r"python -m benchmarks\.layers", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
     (r"python -m benchmarks\.profiles", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
+    (r"python -m benchmarks\.precision", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
     (r"python -m benchmarks\.scaling", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
     (r"python train_graph\.py .*", "needs a CUDA GPU (CUDA graphs); tests/test_train_graph.py compares graph and "
                                     "eager runs on a GPU and checks the refusal on a CPU"),
@@ -292,6 +293,14 @@ def check_memory_budget(scratch, output):
     assert "On a 40 GiB GPU: fits" in output and "Host memory of --data_loader_config=inmem: 43.5 GB" in output
 
 
+def check_precision(scratch, output):
+    (path,) = glob.glob(os.path.join(scratch, "precision_out", "*.json"))
+    with open(path) as f:
+        report = json.load(f)
+    assert [rung["name"] for rung in report["rungs"]] == ["fp32", "bf16", "fp16"]
+    assert "| fp16 |" in output
+
+
 def check_plan(scratch, output):
     assert re.findall(r"^stage (\w+): about \d+ s of 540 s \(fits\)$", output, flags=re.M) == \
         ["tests", "ladder", "profiles", "scaling"]
@@ -390,6 +399,10 @@ RUN = {
     # Calculations from the model's shapes: nothing is trained, so they run as written.
     "python -m benchmarks.layers --flops --amp_mode=bf16": Run(data=False, check=check_flop_table),
     "python -m benchmarks.memory_budget --config=bs64_opt --gpu_memory_gib=40": Run(data=False, check=check_memory_budget),
+    # One epoch of 16 crops per rung on a narrower model, written into the scratch folder.
+    "python -m benchmarks.precision --preset cpu": Run(
+        append="--num_epochs 1 --Nsamples=16 --Nsamples_val=8 --base_channels=4 --data_dir data --out_dir precision_out",
+        check=check_precision),
     "benchmarks/gpu_suite.sh --plan": Run(env={"PYTHON": sys.executable}, data=False, check=check_plan),
     # One rung, two steps, written into the scratch folder (the default folder, example_logs/, is linked here).
     "python -m benchmarks.profiles --preset cpu": Run(

@@ -20,7 +20,8 @@ from readme_commands import readme_commands
 with open(os.path.join(ROOT, "README.md")) as f:
     README_COMMANDS = readme_commands(f.read())
 
-# Every command of the original tutorial's README, in its order.
+# Every command of the original tutorial's README: its training and batch commands in its order, then its
+# set-up commands (appended, so that the indices below stay).
 ORIGINAL = [
     "sbatch -n 1 ./submit_pm.sh --config=short --num_epochs 4",
     "python train.py --config=short --num_epochs 4",
@@ -69,6 +70,10 @@ ORIGINAL = [
     "ENABLE_PROFILING=1 PROFILE_OUTPUT=8gpu_bucket100mb sbatch -N 2 ./submit_pm.sh --config=bs64_opt --num_epochs 4 "
     "--num_data_workers 8 --local_batch_size 16 --enable_apex --enable_jit --enable_manual_profiling "
     "--disable_broadcast_buffers --bucket_cap_mb 100",
+    "git clone https://github.com/NERSC/sc22-dl-tutorial.git",
+    "cd sc22-dl-tutorial",
+    "mkdir -p $SCRATCH/sc22-dl-tutorial/logs",
+    "cp -r ./example_logs/base $SCRATCH/sc22-dl-tutorial/logs",
 ]
 
 # The precision and fused-optimiser steps of this README use the GPU-resident loader (no DALI needed, no
@@ -103,6 +108,12 @@ ABSENT = {
     ORIGINAL[5]: "a typo in the original (---num_epochs, -enable_benchy) of the command above it; the README has "
                  "`python train.py --config=short --num_epochs 15 --enable_benchy`",
     ORIGINAL[18]: "a template, not a command",
+    ORIGINAL[28]: "this repository's address is not the original's; the README says to clone it and work from its "
+                  "top-level folder",
+    ORIGINAL[29]: "see the clone above",
+    ORIGINAL[30]: "submit_pm.sh makes its log directory itself",
+    ORIGINAL[31]: "the example logs here are the demo's (example_logs/demo), compared with the README's "
+                  "`tensorboard --logdir_spec=...` command instead of copied",
     ORIGINAL[24]: "--disable_broadcast_buffers changes nothing for this model (no buffers); the README profiles "
                   "the default and the 100 MB buckets",
 }
