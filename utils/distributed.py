@@ -8,8 +8,8 @@ Two ways to train on several ranks, chosen with ``--parallel``:
 
 * ``ddp`` (the original tutorial's): every rank holds the whole model, gradients are averaged with
   all-reduce while the backward pass runs. Knobs: ``bucket_cap_mb``, ``disable_broadcast_buffers``,
-  ``gradient_as_bucket_view``, ``static_graph``, ``ddp_comm_hook`` (fp16/bf16 gradients on the wire) and ``noddp`` (no gradient
-  communication at all, to measure the compute part of a step).
+  ``gradient_as_bucket_view``, ``static_graph``, ``ddp_comm_hook`` (fp16/bf16 gradients on the wire)
+  and ``noddp`` (no gradient communication at all, to measure the compute part of a step).
 * ``fsdp``: torch's ``fully_shard``. Every rank keeps only its shard of the parameters, gradients
   and optimiser state, and gathers a block's full weights just before using them. Per-rank memory
   for the model and optimiser drops to about 1/N of DDP's; :func:`memory_report` shows it.
