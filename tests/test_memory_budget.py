@@ -86,6 +86,15 @@ def test_full_scale_unet_at_64_cubed():
     assert rows["the batch: input + target (fp32)"] == 64 * 9 * 64 ** 3 * 4
 
 
+def test_crop_128_has_8_times_the_activations():
+    """The README's large-crop figure: 246.3 MiB per sample under 16-bit autocast, 15.4 GiB for 64."""
+    params = load_params(["--config=bs64_opt", "--crop_size=128"])
+    per_sample = sum(memory_budget.saved_activation_bytes(params).values())
+    assert round(per_sample / 2 ** 20, 1) == 246.3 and round(64 * per_sample / 2 ** 30, 1) == 15.4
+    small = sum(memory_budget.saved_activation_bytes(load_params(["--config=bs64_opt"])).values())
+    assert per_sample == pytest.approx(8 * small, rel=0.001)
+
+
 def test_ddp_fsdp_and_bucket_views_change_the_right_rows():
     params = load_params(["--config=bs256_opt"], world_size=4)
     n_params = memory_budget.parameter_count(params)
