@@ -30,7 +30,6 @@ backward pass, NCCL's buffers and fragmentation. Leave several GiB for them. The
 ``inmem`` (both volumes in every rank's RAM) is printed apart.
 """
 import argparse
-import math
 import sys
 
 import torch
@@ -75,6 +74,8 @@ def saved_activation_bytes(params, amp_mode=None):
       saves the batch's own input, counted with the batch).
 
     The weights' 16-bit copies are saved too, but once per step, not per sample: see :func:`budget`.
+    This is the eager model with ``lambda_rho: 0`` (every config's); the density term of the loss and
+    torch.compile's own choices of what to save change it a little.
     """
     amp_mode = params.amp_mode if amp_mode is None else amp_mode
     half = amp_mode in ("bf16", "fp16")
