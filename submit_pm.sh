@@ -16,8 +16,10 @@
 #
 #   sbatch -n 4 ./submit_pm.sh --config=bs64_opt --num_epochs 4       # one node, 4 GPUs
 #   sbatch -N 2 ./submit_pm.sh --config=bs256_opt --local_batch_size=32  # two nodes, 8 GPUs
-#   ENABLE_PROFILING=1 PROFILE_OUTPUT=4gpu_baseline sbatch -n 4 ./submit_pm.sh --config=bs64_opt --enable_manual_profiling
-#   BENCHY_OUTPUT=weak_scale sbatch -N 8 ./submit_pm.sh --config=bs64_opt --enable_benchy --num_epochs 15
+#   ENABLE_PROFILING=1 PROFILE_OUTPUT=4gpu_baseline sbatch -n 4 ./submit_pm.sh --config=bs64_opt --num_epochs 4 \
+#       --num_data_workers 8 --local_batch_size 16 --enable_apex --enable_jit --enable_manual_profiling
+#   BENCHY_OUTPUT=weak_scale sbatch -N 8 ./submit_pm.sh --num_data_workers 4 --local_batch_size 64 \
+#       --config=bs64_opt --enable_benchy --num_epochs 15                # weak scaling: 64 per GPU
 #
 # Every argument goes to train.py unchanged (quoted: spaces and shell characters stay as typed).
 # The output is <job name>-<job id>.out in the submit directory. Change "-A your_account_g" above

@@ -2,6 +2,7 @@
 that an earlier run's results are not silently lost in, and running a real command with its output
 kept and a time limit."""
 import argparse
+import json
 import os
 import re
 import socket
@@ -133,3 +134,14 @@ def run(argv, log_path, timeout, mode="w", env=None):
 def outcome(code):
     """How a :func:`run` ended, in words."""
     return code if isinstance(code, str) else f"exit status {code}"
+
+
+def write_report(base, report, table):
+    """``<base>.json`` (the report) and ``<base>.md`` (its table), the table printed with both names."""
+    os.makedirs(os.path.dirname(base), exist_ok=True)
+    with open(base + ".json", "w") as f:
+        json.dump(report, f, indent=1)
+    with open(base + ".md", "w") as f:
+        f.write(table)
+    print(table)
+    print(f"Results: {base}.json, {base}.md")

@@ -3,6 +3,7 @@
     python -m benchmarks.layers                          # GPU: full-scale U-Net, batch 64, crop 64, bf16
     python -m benchmarks.layers --preset cpu             # CPU: the demo model, batch 8, crop 32, fp32
     python -m benchmarks.layers --amp_mode=fp16          # any train.py option changes the configuration
+    python -m benchmarks.layers --flops                  # no timing, any machine: FLOPs and arithmetic intensity
 
 Each convolution runs alone, forward and backward, on a random input of the shape it sees in the
 network (with a gradient, except the first layer's, as in training), in the configured precision;
@@ -17,7 +18,6 @@ Results: ``benchmarks/results/layers/<device>-<date>-<precision>.json`` and ``.m
 they exist: ``--out_dir`` elsewhere, or ``--overwrite``).
 """
 import datetime
-import json
 import os
 import sys
 import time
@@ -25,7 +25,8 @@ import time
 import torch
 
 import train
-from benchmarks.common import ROOT, argument_parser, check_preset, claim_files, device_name, device_slug
+from benchmarks.common import (ROOT, argument_parser, check_preset, claim_files, device_name, device_slug,
+                               write_report)
 from utils.YParams import load_params
 from utils.conv3d import check_conv3d, cudnn_text
 from utils.distributed import World
@@ -78,6 +79,32 @@ def layer_flops(params, batch):
             module(x).sum().backward()
         rows.append((name, module, tuple(shapes[name]), float(counter.get_total_flops())))
     return rows
+
+
+def flop_table(params, batch):
+    """Markdown: each convolution's training GFLOP per sample, share of the model's, and the arithmetic
+    intensity of its forward pass at ``batch`` (FLOPs per byte of input, output and weights moved once,
+    in the precision's element size). A calculation from the shapes: nothing runs."""
+    element = 2 if params.amp_mode in ("bf16", "fp16") else 4
+    rows = layer_flops(params, batch)
+    total = sum(flops for *_, flops in rows)
+    lines = [f"Training FLOPs per sample at crop {params.crop_size}^3 (forward + backward; the first layer computes "
+             f"no input gradient), and forward arithmetic intensity at batch {batch} with {element}-byte elements.",
+             "", "| layer | channels | side in -> out | GFLOP per sample | share | FLOP per byte (forward) |",
+             "|---|---|---|---|---|---|"]
+    for index, (name, module, shape, flops) in enumerate(rows):
+        transposed = isinstance(module, torch.nn.ConvTranspose3d)
+        side = shape[-1]
+        out_side = 2 * side if transposed else side // 2
+        forward = flops / (2 if index == 0 else 3)  # backward: weight gradient (+ input gradient) = 1 (2) forwards
+        moved = element * (batch * module.in_channels * side ** 3 + batch * module.out_channels * out_side ** 3
+                           + module.weight.numel())
+        lines.append(f"| {name} | {module.in_channels} -> {module.out_channels} | {side} -> {out_side} "
+                     f"| {flops / batch / 1e9:.2f} | {flops / total:.1%} | {forward / moved:.0f} |")
+    transposed = sum(flops for _, module, _, flops in rows if isinstance(module, torch.nn.ConvTranspose3d))
+    lines += ["", f"Transposed convolutions: {transposed / total:.1%} of the FLOPs; all convolutions: "
+              f"{total / batch / 1e9:.2f} GFLOP per sample."]
+    return "\n".join(lines) + "\n"
 
 
 def time_it(function, device, repeats):
@@ -166,7 +193,12 @@ def main(argv=None):
     parser = argument_parser(__doc__, PRESETS)
     parser.add_argument("--out_dir", default=os.path.join(ROOT, "benchmarks", "results", "layers"))
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per layer (default: the preset's)")
+    parser.add_argument("--flops", action="store_true", help="print the FLOP table only: no timing, no GPU needed")
     args, options = parser.parse_known_args(argv)
+    if args.flops:
+        params = load_params(["--config=base", *options])
+        print(flop_table(params, params.global_batch_size), end="")
+        return
     check_preset(args.preset)
     params = load_params([*PRESETS[args.preset]["options"], *options])
     train.check_crop_size(params)
@@ -195,14 +227,7 @@ def main(argv=None):
                         "share_of_step": seconds / step_seconds, "model_gflop": model_flops / 1e9,
                         "step_ms": 1e3 * step_seconds, "step_tflops": model_flops / step_seconds / 1e12,
                         "mfu": model_flops / step_seconds / peak if peak else None}}
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(base + ".json", "w") as f:
-        json.dump(report, f, indent=1)
-    table = markdown(report)
-    with open(base + ".md", "w") as f:
-        f.write(table)
-    print(table)
-    print(f"Results: {base}.json, {base}.md")
+    write_report(base, report, markdown(report))
 
 
 if __name__ == "__main__":

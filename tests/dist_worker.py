@@ -43,7 +43,7 @@ DTYPE = torch.float64
 # Each variant's config overrides on top of the `test` config.
 VARIANTS = {
     "ddp": {},
-    "ddp_bucket_view": {"bucket_cap_mb": 1, "disable_broadcast_buffers": True},
+    "ddp_bucket_view": {"bucket_cap_mb": 1, "gradient_as_bucket_view": True, "disable_broadcast_buffers": True},
     "ddp_static": {"static_graph": True},
     "ddp_fp16": {"ddp_comm_hook": "fp16"},
     "ddp_bf16": {"ddp_comm_hook": "bf16"},

@@ -118,7 +118,7 @@ def assert_reload_round_trips(result):
 
 @pytest.mark.parametrize("variant", EXACT_DDP)
 def test_ddp_matches_one_rank(runs, variant):
-    """Plain DDP, bucket_cap_mb=1 with gradient_as_bucket_view and no buffer broadcast, static_graph."""
+    """Plain DDP; bucket_cap_mb=1 with gradient_as_bucket_view and no buffer broadcast; static_graph."""
     results = load(runs, variant)
     assert_ranks_identical(results)
     assert_matches_reference(results[0], runs[1])
@@ -353,6 +353,52 @@ def test_ddp_in_a_cuda_graph_needs_eleven_warm_up_steps():
                                            graph_capture=True)
     distributed.check_parallel_options(dist_worker.make_params(graph_warmup_steps=11), world, GPU, graph_capture=True)
     distributed.check_parallel_options(dist_worker.make_params(graph_warmup_steps=3), World(), GPU, graph_capture=True)
+
+
+@contextlib.contextmanager
+def one_rank_group(tmp_path):
+    """A real gloo process group of one rank in this process, for building DDP wrappers."""
+    if torch.distributed.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def grad_storages(model):
+    """How many distinct storages the parameters' gradients live in."""
+    return len({p.grad.untyped_storage().data_ptr() for p in model.parameters()})
+
+
+@pytest.mark.parametrize("broadcast_off, bucket_view", [(True, False), (False, True), (True, True)])
+def test_ddp_knobs_are_separate_and_broadcast_is_a_no_op_for_the_unet(tmp_path, broadcast_off, bucket_view):
+    """--disable_broadcast_buffers and --gradient_as_bucket_view each set only their own DDP option. The
+    U-Net has no buffers, so DDP syncs none whatever the flag says; with bucket views the gradients share
+    DDP's few bucket storages after backward, also after zero_grad(set_to_none=True) as train.py does it."""
+    from networks.UNet import UNet
+    params = dist_worker.make_params(disable_broadcast_buffers=broadcast_off, gradient_as_bucket_view=bucket_view,
+                                     bucket_cap_mb=1)
+    torch.manual_seed(0)
+    model = UNet(4, 5, 4, False)
+    assert not list(model.buffers())
+    with one_rank_group(tmp_path):
+        ddp = distributed.wrap_ddp(model, params, CPU)
+        assert ddp.gradient_as_bucket_view is bucket_view
+        assert getattr(ddp, "forward_sync_buffers", getattr(ddp, "broadcast_buffers", None)) is not broadcast_off
+        assert not ddp.will_sync_module_buffers()  # no buffers: nothing to broadcast either way
+        optimizer = torch.optim.Adam(ddp.parameters())
+        for _ in range(2):  # the second step after set_to_none, as in train.py
+            optimizer.zero_grad(set_to_none=True)
+            ddp(torch.randn(1, 4, 32, 32, 32)).abs().mean().backward()
+            storages = grad_storages(model)
+            optimizer.step()
+    parameters = len(list(model.parameters()))
+    if bucket_view:
+        assert storages < parameters / 4, (storages, parameters)  # views of a few buckets
+    else:
+        assert storages == parameters
 
 
 def test_sensible_options_accepted():

@@ -32,3 +32,21 @@ def test_cpu_preset_writes_the_table_and_refuses_to_overwrite_it(tmp_path, capsy
     with pytest.raises(SystemExit):  # exit_on_user_error: the results of the first run are kept
         layers.main(["--preset", "cpu", "--out_dir", str(tmp_path), "--repeats", "1"])
     assert "already holds" in capsys.readouterr().err
+
+
+def test_flop_table_shares_and_intensity(capsys):
+    """The README's FLOP table: the transposed convolutions carry 68% of the FLOPs, `up 1` a third, the
+    deepest layers (1^3 to 4^3 inputs) 3.3%; printed without a GPU by `--flops`."""
+    params = YParams("config/UNet.yaml", "base")
+    rows = layers.layer_flops(params, batch=1)
+    total = sum(flops for *_, flops in rows)
+    share = {name: flops / total for name, _, _, flops in rows}
+    assert round(share["up 1"], 3) == 0.320 and round(share["last"], 3) == 0.100
+    assert round(sum(share[name] for name in ("down 5", "down 6", "up 5", "up 4")), 3) == 0.033
+    layers.main(["--flops", "--amp_mode=bf16"])
+    output = capsys.readouterr().out
+    assert "Transposed convolutions: 68.2% of the FLOPs; all convolutions: 80.46 GFLOP per sample." in output
+    assert "| down 1 | 4 -> 64 | 64 -> 32 | 2.15 | 2.7% | 171 |" in output
+    with open("README.md") as f:
+        readme = f.read()
+    assert all(line in readme for line in output.splitlines() if line.startswith("| "))

@@ -156,11 +156,14 @@ NOT_RUN = [
     (r"python -m benchmarks\.ladder", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
     (r"python -m benchmarks\.layers", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
     (r"python -m benchmarks\.profiles", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
+    (r"python -m benchmarks\.precision", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
     (r"python -m benchmarks\.scaling", "the GPU preset needs a GPU (it refuses to run on a CPU)"),
     (r"python train_graph\.py .*", "needs a CUDA GPU (CUDA graphs); tests/test_train_graph.py compares graph and "
                                     "eager runs on a GPU and checks the refusal on a CPU"),
     (r"salloc .*", "needs a Slurm allocation of GPU nodes; tests/test_slurm.py runs srun under a real Slurm"),
     (r"export MASTER_ADDR=.*", "only inside a Slurm allocation (reads SLURM_JOB_NODELIST)"),
+    (r"export SRUN_CPUS_PER_TASK=.*", "only inside a Slurm allocation of GPU nodes (sets what the srun after it "
+                                      "uses; submit_pm.sh sets the same and tests/test_slurm.py runs it)"),
     (r"srun .*", "needs a Slurm allocation of GPU nodes; tests/test_slurm.py runs srun under a real Slurm"),
 ]
 
@@ -283,6 +286,24 @@ def check_layers(scratch, output):
     assert "The layers' FLOPs add up to the model's" in output
 
 
+def check_flop_table(scratch, output):
+    assert "| up 1 | 256 -> 64 | 16 -> 32 | 25.77 | 32.0% |" in output
+    assert "Transposed convolutions: 68.2% of the FLOPs; all convolutions: 80.46 GFLOP per sample." in output
+
+
+def check_memory_budget(scratch, output):
+    assert "Per-GPU memory budget: config bs64_opt, 1 rank(s), local batch 64" in output
+    assert "On a 40 GiB GPU: fits" in output and "Host memory of --data_loader_config=inmem: 43.5 GB" in output
+
+
+def check_precision(scratch, output):
+    (path,) = glob.glob(os.path.join(scratch, "precision_out", "*.json"))
+    with open(path) as f:
+        report = json.load(f)
+    assert [rung["name"] for rung in report["rungs"]] == ["fp32", "bf16", "fp16"]
+    assert "| fp16 |" in output
+
+
 def check_plan(scratch, output):
     assert re.findall(r"^stage (\w+): about \d+ s of 540 s \(fits\)$", output, flags=re.M) == \
         ["tests", "ladder", "profiles", "scaling"]
@@ -390,6 +411,13 @@ RUN = {
         env={"BENCHY_CONFIG_FILE": "{scratch}/benchy.yaml"}, check=check_benchy("demo")),
     "python -m benchmarks.ladder --preset cpu": Run(append="--nbatches 2 --ntrials 1 --nwarmup 1", check=check_ladder),
     "python -m benchmarks.layers --preset cpu": Run(append="--repeats 1 --out_dir layers_out", check=check_layers),
+    # Calculations from the model's shapes: nothing is trained, so they run as written.
+    "python -m benchmarks.layers --flops --amp_mode=bf16": Run(data=False, check=check_flop_table),
+    "python -m benchmarks.memory_budget --config=bs64_opt --gpu_memory_gib=40": Run(data=False, check=check_memory_budget),
+    # One epoch of 16 crops per rung on a narrower model, written into the scratch folder.
+    "python -m benchmarks.precision --preset cpu": Run(
+        append="--num_epochs 1 --Nsamples=16 --Nsamples_val=8 --base_channels=4 --data_dir data --out_dir precision_out",
+        check=check_precision),
     "benchmarks/gpu_suite.sh --plan": Run(env={"PYTHON": sys.executable}, data=False, check=check_plan),
     # One rung, two steps, written into the scratch folder (the default folder, example_logs/, is linked here).
     "python -m benchmarks.profiles --preset cpu": Run(
@@ -415,7 +443,7 @@ RUN = {
     "torchrun --nproc_per_node=2 train.py --config=demo --device=cpu": Run(
         append=TINY, check=check_run("demo", devices="2CPU", world_size=2)),
     "torchrun --standalone --nproc_per_node=2 train.py --config=demo --device=cpu --local_batch_size=8 "
-    "--lr_scaling=sqrt --warmup_steps=32 --bucket_cap_mb=100 --disable_broadcast_buffers --ddp_comm_hook=bf16": Run(
+    "--lr_scaling=sqrt --warmup_steps=32 --bucket_cap_mb=100 --ddp_comm_hook=bf16": Run(
         append=TINY, check=check_run("demo", devices="2CPU", global_batch_size=16, warmup_steps=32,
                                      ddp_comm_hook="bf16")),
     "python -m benchmarks.scaling_model --check": Run(data=False, check=check_output("| 32 nodes, local batch 64")),
@@ -436,7 +464,7 @@ SHORT = "python train.py --config=short --num_epochs 4"
 PERFORMANCE_STEPS = {
     "--num_data_workers 8 --data_loader_config=inmem": {"num_data_workers": 8, "data_loader_config": "inmem"},
     "--data_loader_config=gpu-inmem": {"data_loader_config": "gpu-inmem"},
-    "--data_loader_config=gpu-inmem --gpu_inmem_dtype=bfloat16": {"gpu_inmem_dtype": "bfloat16"},
+    "--data_loader_config=gpu-inmem --gpu_inmem_dtype=float16": {"gpu_inmem_dtype": "float16"},
     "--data_loader_config=gpu-inmem --tf32=false": {"tf32": False},
     "--data_loader_config=gpu-inmem --amp_mode=bf16": {"amp_mode": "bf16"},
     "--data_loader_config=gpu-inmem --amp_mode=fp16": {"amp_mode": "fp16"},

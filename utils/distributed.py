@@ -8,8 +8,8 @@ Two ways to train on several ranks, chosen with ``--parallel``:
 
 * ``ddp`` (the original tutorial's): every rank holds the whole model, gradients are averaged with
   all-reduce while the backward pass runs. Knobs: ``bucket_cap_mb``, ``disable_broadcast_buffers``,
-  ``static_graph``, ``ddp_comm_hook`` (fp16/bf16 gradients on the wire) and ``noddp`` (no gradient
-  communication at all, to measure the compute part of a step).
+  ``gradient_as_bucket_view``, ``static_graph``, ``ddp_comm_hook`` (fp16/bf16 gradients on the wire)
+  and ``noddp`` (no gradient communication at all, to measure the compute part of a step).
 * ``fsdp``: torch's ``fully_shard``. Every rank keeps only its shard of the parameters, gradients
   and optimiser state, and gathers a block's full weights just before using them. Per-rank memory
   for the model and optimiser drops to about 1/N of DDP's; :func:`memory_report` shows it.
@@ -71,7 +71,9 @@ def read_world():
                         "under Slurm, by export_DDP_vars.sh.") from None
 
 
-# PyTorch's CUDA-graph notes: DDP must run at least 11 eager iterations before a capture.
+# PyTorch's CUDA-graph notes: DDP must run at least 11 eager iterations before a capture. DDP gathers
+# runtime statistics (its logging sample rate) over iterations 1 to 10, with host work that a graph cannot
+# replay; its buckets are rebuilt once, after iteration 1, well before that.
 DDP_GRAPH_WARMUP = 11
 
 
@@ -104,9 +106,9 @@ def check_parallel_options(params, world, device, graph_capture=False):
                         "cannot replay. Train with train.py, or use --parallel=ddp with train_graph.py.")
     if graph_capture and world.size > 1 and not params.noddp and params.graph_warmup_steps < DDP_GRAPH_WARMUP:
         raise UserError(f"train_graph.py with DDP needs at least {DDP_GRAPH_WARMUP} eager steps before the "
-                        f"capture (DDP settles its gradient buckets in its first steps), and "
-                        f"graph_warmup_steps={params.graph_warmup_steps}. Use --graph_warmup_steps="
-                        f"{DDP_GRAPH_WARMUP} or more (the default is 20).")
+                        f"capture (DDP collects runtime statistics over its first 10 iterations, host work "
+                        f"that a graph cannot replay), and graph_warmup_steps={params.graph_warmup_steps}. "
+                        f"Use --graph_warmup_steps={DDP_GRAPH_WARMUP} or more (the default is 20).")
     if params.parallel == "fsdp" and params.channels_last and world.size > 1:
         raise UserError("--parallel=fsdp cannot shard channels_last weights: FSDP splits each parameter as "
                         "one contiguous block, and channels_last_3d convolution weights are not contiguous. "
@@ -262,8 +264,9 @@ def parallelize(model, params, world, device, graph_capture=False):
         logging.info("noddp: %d ranks train independently, without gradient communication", world.size)
         return model
     logging.info("Data parallel: DDP over %d ranks (bucket_cap_mb=%s, disable_broadcast_buffers=%s, "
-                 "static_graph=%s, ddp_comm_hook=%s)", world.size, params.bucket_cap_mb,
-                 params.disable_broadcast_buffers, params.static_graph, params.ddp_comm_hook)
+                 "gradient_as_bucket_view=%s, static_graph=%s, ddp_comm_hook=%s)", world.size,
+                 params.bucket_cap_mb, params.disable_broadcast_buffers, params.gradient_as_bucket_view,
+                 params.static_graph, params.ddp_comm_hook)
     return wrap_ddp(model, params, device, graph_capture)
 
 
@@ -272,15 +275,21 @@ def wrap_ddp(model, params, device, graph_capture=False):
     options = {
         "device_ids": [device.index] if device.type == "cuda" else None,
         "bucket_cap_mb": params.bucket_cap_mb,
-        # Parameters whose order of use never changes let DDP plan its buckets once.
+        # DDP already rebuilds its buckets once, after the first iteration, in the order the gradients
+        # became ready; static_graph adds support for reentrant checkpointing, unused parameters that
+        # change and the like, none of which this model has.
         "static_graph": params.static_graph,
+        # The gradients become views into DDP's communication buckets. The reducer copies a gradient
+        # into its bucket unless .grad already aliases it; train.py's zero_grad(set_to_none=True) makes
+        # a fresh .grad every step, so the copy stays and what is saved is the memory of a second copy
+        # of the gradients between backward and the optimiser step.
+        "gradient_as_bucket_view": params.gradient_as_bucket_view,
     }
     if params.disable_broadcast_buffers:
-        # Skip the broadcast of buffers from rank 0 before every forward (the U-Net has none), and let
-        # the gradients live inside DDP's communication buckets instead of in a second copy.
-        options["gradient_as_bucket_view"] = True
-        # Newer torch renames the buffer option and warns about the old name; torch 2.4 knows only
-        # the old one. Either way the buffers are still made equal once, when DDP starts.
+        # No broadcast of buffers from rank 0 before every forward. DDP broadcasts only when the model
+        # has buffers, and the U-Net has none: for this model the flag changes nothing. Newer torch
+        # renames the option and warns about the old name; torch 2.4 knows only the old one. Either
+        # way buffers are still made equal once, when DDP starts.
         if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
             options["forward_sync_buffers"] = False
         else:
@@ -303,8 +312,10 @@ def wrap_ddp(model, params, device, graph_capture=False):
 def compression_hook(name, device):
     """torch's built-in DDP hook that sends gradients as fp16 or bf16: half the bytes on the wire.
 
-    The hooks cast each gradient bucket to 16 bits (after dividing by the world size, so that fp16
-    does not overflow), all-reduce it and cast the result back into the bucket.
+    The hooks cast each gradient bucket to 16 bits first and divide it by the world size after (in 16
+    bits), all-reduce it and copy the result back into the fp32 bucket. So an fp32 gradient above
+    fp16's largest value, 65504, becomes inf on the wire: with --amp_mode=fp16 the scaled gradients can
+    get there, and the gradient scaler then skips the step and lowers its scale. bf16 has fp32's range.
     """
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     if name == "fp16":

@@ -1,0 +1,128 @@
+"""The precision knobs checked by their numbers: the same training in fp32, TF32, bf16 and fp16, side by side.
+
+    python -m benchmarks.precision                  # GPU: full-scale U-Net, fp32, TF32, bf16, fp16
+    python -m benchmarks.precision --preset cpu     # CPU: the demo model, fp32, bf16 and fp16 autocast
+
+Every rung trains the same model from the same initial weights on the same batches (on the
+gpu-inmem loader) for ``--num_epochs`` and then validates once: the
+validation loss, the L1 error of the gas density, and the power-spectrum ratio P_pred/P_true and
+cross-correlation r(k) at the highest k bin, where precision would show first. Under fp16 it also
+records the gradient scaler: its final scale and how many optimiser steps it skipped because the
+scaled gradients overflowed (counted by reading the scale after every step, a host
+synchronisation that train.py does not make). TF32 runs only on a CUDA GPU.
+
+Results: ``benchmarks/results/precision/<device>-<date>.json`` and ``.md`` (refused if they exist:
+``--out_dir`` elsewhere, or ``--overwrite``).
+"""
+import datetime
+import functools
+import os
+import sys
+
+import torch
+
+import train
+from benchmarks.common import (ROOT, argument_parser, check_preset, claim_files, device_name, device_slug,
+                               make_data, write_report)
+from utils import get_data_loader_distributed, lr_schedule
+from utils.YParams import load_params
+from utils.distributed import World
+from utils.errors import exit_on_user_error
+from utils.losses import build_loss
+from utils.metrics import ValidationMetrics
+from utils.optim import Precision, build_optimizer, set_learning_rate
+
+PRESETS = {
+    "gpu": {"options": ["--config=base", "--device=cuda", "--data_loader_config=gpu-inmem", "--Nsamples=4096",
+                        "--Nsamples_val=512"], "box": 256, "num_epochs": 4,
+            "rungs": {"fp32": ["--tf32=false"], "TF32": [], "bf16": ["--amp_mode=bf16"], "fp16": ["--amp_mode=fp16"]}},
+    # 2 epochs of 128 crops: 32 steps. fp16 convolutions are slow on a CPU (about 10 times fp32's time per
+    # step on the project's 2-core machine), so the CPU preset keeps the training short.
+    "cpu": {"options": ["--config=demo", "--device=cpu", "--data_loader_config=gpu-inmem", "--Nsamples=128"],
+            "box": 128, "num_epochs": 2,
+            "rungs": {"fp32": [], "bf16": ["--amp_mode=bf16"], "fp16": ["--amp_mode=fp16"]}},
+}
+
+
+def train_and_validate(params):
+    """Train ``params`` from seed ``params.seed`` and validate once; returns the rung's numbers."""
+    device = train.pick_device(params, World())
+    world = World()
+    train_loader, val_loader = get_data_loader_distributed(params, 0, device)
+    torch.manual_seed(params.seed)
+    model = train.build_model(params, device)
+    optimizer = build_optimizer(params, model)
+    precision = Precision(params.amp_mode, device)
+    loss_fn = build_loss(params)
+    move = functools.partial(train.to_device, device=device, memory_format=train.memory_format(params))
+    steps = params.num_epochs * len(train_loader)
+    schedule = functools.partial(lr_schedule, total_steps=steps, params=params)
+    scaler, skipped, step, losses = precision.scaler, 0, 0, []
+    for epoch in range(params.num_epochs):
+        train_loader.sampler.set_epoch(epoch)
+        for inputs, targets in train_loader:
+            set_learning_rate(optimizer, schedule(step))
+            scale = scaler.get_scale() if scaler.is_enabled() else None
+            losses.append(train.train_step(model, optimizer, loss_fn, precision, move(inputs), move(targets)))
+            if scale is not None and scaler.get_scale() < scale:  # waits for the device: a skipped step
+                skipped += 1
+            step += 1
+    metrics = ValidationMetrics()
+    val_loss, _ = train.validate(model, val_loader, loss_fn, precision, move, world, metrics)
+    values = metrics.compute()
+    top_k = sorted(name[len("rk_k"):] for name in values if name.startswith("rk_k"))
+    top_k = max(top_k, key=float)
+    return {"steps": step, "last_train_loss": float(losses[-1]), "val_loss": val_loss,
+            "L1_density": values["L1_gas_density"],
+            "k_top": float(top_k), "Pk_ratio_top": values[f"Pk_ratio_k{top_k}"], "rk_top": values[f"rk_k{top_k}"],
+            "final_scale": scaler.get_scale() if scaler.is_enabled() else None,
+            "skipped_steps": skipped if scaler.is_enabled() else None}
+
+
+def markdown(report):
+    reference = report["rungs"][0]["val_loss"]
+    lines = [f"Measured by `{report['command']}` on {report['device']} (torch {report['torch']}), "
+             f"{report['date']}: config {report['config']}, {report['num_epochs']} epochs, "
+             f"{report['rungs'][0]['steps']} steps per rung, the same initial weights and batches in every rung.", "",
+             "| precision | validation loss | vs fp32 | L1 gas density | P ratio at top k | r(k) at top k "
+             "| final scale | skipped steps |",
+             "|---|---|---|---|---|---|---|---|"]
+    for rung in report["rungs"]:
+        def cell(value, fmt):
+            return "n/a" if value is None else format(value, fmt)
+        lines.append(f"| {rung['name']} | {rung['val_loss']:.6f} | {rung['val_loss'] / reference - 1:+.2%} "
+                     f"| {rung['L1_density']:.6f} | {rung['Pk_ratio_top']:.4f} | {rung['rk_top']:.4f} "
+                     f"| {cell(rung['final_scale'], '.0f')} | {cell(rung['skipped_steps'], 'd')} |")
+    lines += ["", f"Top k bin: {report['rungs'][0]['k_top']:.3g} rad/cell. 'vs fp32': the validation loss's "
+              "relative difference from the first rung's."]
+    return "\n".join(lines) + "\n"
+
+
+@exit_on_user_error
+def main(argv=None):
+    parser = argument_parser(__doc__, PRESETS)
+    parser.add_argument("--out_dir", default=os.path.join(ROOT, "benchmarks", "results", "precision"))
+    parser.add_argument("--num_epochs", type=int, default=None, help="epochs per rung (default: the preset's)")
+    args, options = parser.parse_known_args(argv)
+    check_preset(args.preset)
+    preset = PRESETS[args.preset]
+    name = device_name(args.preset == "gpu")
+    stamp = datetime.datetime.now(datetime.timezone.utc)
+    base = os.path.join(args.out_dir, f"{device_slug(name)}-{stamp:%Y-%m-%d}")
+    claim_files([base + ".json", base + ".md"], args.overwrite, earlier="an earlier run on this device today")
+    train_path, val_path = make_data(args.data_dir, preset["box"])
+    num_epochs = args.num_epochs or preset["num_epochs"]
+    common = [*preset["options"], f"--train_path={train_path}", f"--val_path={val_path}", f"--num_epochs={num_epochs}",
+              "--checkpoint=false", *options]
+    report = {"device": name, "torch": torch.__version__, "date": stamp.isoformat(timespec="seconds"),
+              "command": "python -m benchmarks.precision " + " ".join(sys.argv[1:] if argv is None else argv),
+              "config": load_params(common).config_name, "num_epochs": num_epochs, "rungs": []}
+    for rung, extra in preset["rungs"].items():
+        print(f"=== {rung}", flush=True)
+        result = train_and_validate(load_params([*common, *extra]))
+        report["rungs"].append({"name": rung, "options": extra, **result})
+    write_report(base, report, markdown(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""benchmarks/precision.py: the precision rungs trained side by side from the same weights and batches."""
+import json
+
+import pytest
+
+from benchmarks import precision
+
+TINY = ["--Nsamples=16", "--Nsamples_val=8", "--base_channels=4", "--global_batch_size=4", "--base_batch_size=4"]
+
+
+def test_cpu_preset_trains_each_precision_and_refuses_to_overwrite(tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    argv = ["--preset", "cpu", "--num_epochs", "1", "--data_dir", str(tmp_path / "data"), "--out_dir", str(out_dir),
+            *TINY]
+    precision.main(argv)
+    [path] = out_dir.glob("*.json")
+    report = json.loads(path.read_text())
+    rungs = {rung["name"]: rung for rung in report["rungs"]}
+    assert list(rungs) == ["fp32", "bf16", "fp16"]
+    assert all(rung["steps"] == 4 and 0 < rung["val_loss"] < 1 for rung in rungs.values())
+    # Same weights and batches: 16-bit autocast moves the loss by rounding, not by a different run.
+    for name in ("bf16", "fp16"):
+        assert rungs[name]["val_loss"] == pytest.approx(rungs["fp32"]["val_loss"], rel=0.05)
+        assert rungs[name]["val_loss"] != rungs["fp32"]["val_loss"]
+    assert rungs["fp16"]["final_scale"] > 0 and isinstance(rungs["fp16"]["skipped_steps"], int)
+    assert rungs["fp32"]["final_scale"] is None
+    output = capsys.readouterr().out
+    assert "| fp32 |" in output and "+0.00%" in output
+    with pytest.raises(SystemExit):  # exit_on_user_error: the first run's results are kept
+        precision.main(argv)
+    assert "already holds" in " ".join(capsys.readouterr().err.split())
