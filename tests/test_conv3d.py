@@ -92,7 +92,7 @@ def test_the_transposed_probe_asks_in_the_runs_layout(monkeypatch):
     asked = []
 
     def select(x, weight, *args):
-        asked.append((args[3], x.is_contiguous(memory_format=torch.channels_last_3d),
+        asked.append((args[4], x.is_contiguous(memory_format=torch.channels_last_3d),
                       weight.is_contiguous(memory_format=torch.channels_last_3d)))
         return torch._C._ConvBackend.Cudnn
     monkeypatch.setattr(torch._C, "_select_conv_backend", select)
