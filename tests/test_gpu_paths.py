@@ -1,6 +1,7 @@
 """The CUDA paths that no CPU run reaches, end to end on a GPU: the profiling window with its trace and
 memory snapshot, torch.compile's CUDA graphs, a train.py checkpoint resumed by train_graph.py, and the
 3-D convolution health line. Skipped without a GPU; benchmarks/gpu_suite.sh runs them (-m gpu)."""
+import json
 import os
 import subprocess
 import sys
@@ -32,6 +33,11 @@ def test_profiling_window_trace_and_memory_snapshot_on_cuda(data_files, tmp_path
     run_dir = tmp_path / "test" / "1GPU" / "p"
     assert "CUDA profiler window: global steps 8 to 11" in result.stdout
     assert [p.name for p in (run_dir / "profile").iterdir()] == ["rank0.steps8-11.pt.trace.json"]
+    # A file is not a profile: the trace must hold the steps' CUDA kernels (CUPTI records none on some
+    # sandboxed machines, and then this fails rather than passes).
+    trace = json.loads((run_dir / "profile" / "rank0.steps8-11.pt.trace.json").read_text())
+    kernels = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    assert len(kernels) >= 4 * 10, f"{len(kernels)} CUDA kernel events in four training steps"
     assert (run_dir / "memory_snapshot.pickle").stat().st_size > 0
     log = (run_dir / "out.log").read_text()
     assert "3-D convolutions: torch" in log and "cuDNN none" not in log
