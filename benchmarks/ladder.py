@@ -107,6 +107,25 @@ PRESETS = {
 }
 
 
+def warmup_calls(params, graph):
+    """Step calls that must come before timing: train_graph.py's ``graph_warmup_steps`` eager steps,
+    its capture and one replay; torch.compile's first (compiling) call; none otherwise."""
+    if graph:
+        return params.graph_warmup_steps + 2
+    return 1 if params.jit_mode == "compile" else 0
+
+
+def prime(step_fn, loader, move, calls):
+    """Train ``calls`` steps on the loader's first batch, and wait for them: what is left to time is
+    the steady state (benchy's warm-up trials then see replays, not a capture)."""
+    if not calls:
+        return
+    inputs, targets = (move(tensor) for tensor in next(iter(loader)))
+    for _ in range(calls):
+        loss = step_fn(inputs, targets)
+    float(loss)  # waits for the device: the capture and its replay are done
+
+
 def measure_rung(options, script, args, nbatches):
     """Build what `python <script> <options>` would train and time it; returns the trial summary."""
     params = load_params(options)
@@ -124,6 +143,8 @@ def measure_rung(options, script, args, nbatches):
     else:
         step_fn = train.default_step(model, optimizer, build_loss(params), precision, params)
     move = functools.partial(train.to_device, device=device, memory_format=train.memory_format(params))
+    # Compilation and capture happen before any trial, never inside a timed one.
+    prime(step_fn, train_loader, move, warmup_calls(params, graph))
     peak, _ = resolve_peak_flops(device, precision_of(params.amp_mode, params.tf32))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
