@@ -2,8 +2,10 @@
 that an earlier run's results are not silently lost in, and running a real command with its output
 kept and a time limit."""
 import argparse
+import contextlib
 import os
 import re
+import signal
 import socket
 import subprocess
 
@@ -121,12 +123,18 @@ def relative_args(command):
 
 def run(argv, log_path, timeout, mode="w", env=None):
     """Run ``argv`` in the repository, its output to ``log_path``; the exit status, or a text saying
-    that it timed out (one stuck run must not cost the others their results)."""
+    that it timed out (one stuck run must not cost the others their results). The command runs in a
+    process group of its own, all of which is ended at the limit: a profiler's or a launcher's
+    children too, which would otherwise outlive it and hold the GPU."""
     with open(log_path, mode) as log:
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
         try:
-            return subprocess.run(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=timeout).returncode
+            return process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
             return f"timed out after {timeout} s"
 
 

@@ -30,6 +30,7 @@ import torch
 import train
 from benchmarks.common import (ROOT, argument_parser, check_preset, claim_files, device_name, device_slug,
                                make_data)
+from benchmarks.preflight import compile_problem
 from benchmarks.trials import run_trials
 from utils import get_data_loader_distributed
 from utils.YParams import load_params
@@ -107,6 +108,13 @@ PRESETS = {
 }
 
 
+def skip_reason(rung):
+    """Why this machine cannot run the rung (None when it can): torch.compile's toolchain."""
+    if "--jit_mode=compile" in rung.options:
+        return compile_problem()
+    return None
+
+
 def warmup_calls(params, graph):
     """Step calls that must come before timing: train_graph.py's ``graph_warmup_steps`` eager steps,
     its capture and one replay; torch.compile's first (compiling) call; none otherwise."""
@@ -172,7 +180,8 @@ def markdown_table(report):
 
     for run in sorted(report["runs"], key=lambda run: run.get("step", 0)):  # the ladder's order
         if "error" in run:
-            lines.append(f"| {run['name']} | failed: {run['error']} | | | | | |")
+            outcome = run["error"] if run["error"].startswith("skipped") else f"failed: {run['error']}"
+            lines.append(f"| {run['name']} | {outcome} | | | | | |")
             continue
         mfu = run["mfu"] or {}
         lines.append(f"| {run['name']} | {number(run['full'])} | {number(run['synthetic'])} | {number(run['io'])} "
@@ -218,6 +227,12 @@ def main(argv=None):
         if device.type == "cuda":
             torch.cuda.empty_cache()
         entry = {"name": rung.name, "step": rung.step, "script": rung.script, "options": rung.options}
+        skip = skip_reason(rung)
+        if skip:  # one clear line, and the next rung: not a crash of the whole ladder
+            logging.warning("rung %r skipped: %s", rung.name, skip)
+            report["runs"].append({**entry, "error": f"skipped: {skip}"})
+            write_report(base, report)
+            continue
         try:
             nbatches = min(args.nbatches, rung.nbatches or args.nbatches)
             summary = measure_rung(common + rung.options, rung.script, args, nbatches)

@@ -1,0 +1,50 @@
+"""benchmarks/preflight.py, the GPU suite's first command: on this CPU machine it runs its CPU half for
+real and names what it skipped; its compiler check finds a missing compiler or Python.h."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from benchmarks import ladder, preflight
+from conftest import ROOT
+
+
+def test_the_cpu_half_runs_and_names_what_it_skipped(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the GPU half runs instead")
+    out = tmp_path / "preflight.json"
+    result = subprocess.run([sys.executable, "-m", "benchmarks.preflight", "--out", str(out)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    printed = [line for line in result.stdout.splitlines() if line.startswith("preflight: ")]
+    assert printed[0].startswith(f"preflight: torch {torch.__version__}, CUDA None, cuDNN None")
+    assert any(line.startswith("preflight: /dev/shm: ") for line in printed)
+    assert any(line.startswith("preflight: torch.compile: ") for line in printed)
+    assert any(line.startswith("preflight: DALI: ") for line in printed)
+    assert any(line.startswith("preflight: nsys: ") for line in printed)
+    skipped = [line for line in printed if line.startswith("preflight: skipped: ")]
+    assert len(skipped) == 3 and all("no CUDA GPU" in line for line in skipped)
+    facts = json.loads(out.read_text())
+    assert facts["passed"] and facts["gpu"] is None and facts["profiler"]["cpu_ops"] > 0
+    assert facts["profiler"]["kernels"] == 0 and facts["shm_free_gb"] > 0
+    assert set(facts["skipped"]) == {"GPU name and free memory", "a bf16 Conv3d forward and backward on the GPU",
+                                     "CUDA kernel events in the profiler trace"}
+
+
+def test_a_missing_compiler_or_failing_build_is_named(monkeypatch, tmp_path):
+    assert preflight.compile_problem() is None  # this machine has gcc and the headers
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    assert "needs a C compiler" in preflight.compile_problem()
+    broken = tmp_path / "cc"
+    broken.write_text("#!/bin/sh\necho 'fatal error: Python.h: No such file or directory' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CC", str(broken))
+    assert "Python.h: No such file or directory" in preflight.compile_problem()
+    # The ladder skips its compile rung with that line, and keeps the others.
+    [compile_rung] = [rung for rung in ladder.GPU_RUNGS if "--jit_mode=compile" in rung.options]
+    assert "Python.h" in ladder.skip_reason(compile_rung)
+    assert ladder.skip_reason(ladder.GPU_RUNGS[0]) is None
