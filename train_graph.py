@@ -17,7 +17,7 @@ autocast without its weight cache.
 """
 import torch
 
-from train import main, train_step
+from train import main, train_step, training_loss
 from utils.errors import UserError, exit_on_user_error
 
 
@@ -35,9 +35,10 @@ def make_graph_step(model, optimizer, loss_fn, precision, params):
     graph = torch.cuda.CUDAGraph()
     static = {}
     warmup_stream = torch.cuda.Stream()
+    forward_loss = training_loss(model, loss_fn, params)
 
     def eager_step(inputs, targets):
-        return train_step(model, optimizer, loss_fn, precision, inputs, targets)
+        return train_step(forward_loss, optimizer, precision, inputs, targets)
 
     calls = 0
 

@@ -144,7 +144,6 @@ def measure_rung(options, script, args, nbatches):
     model = parallelize(train.build_model(params, device), params, World(), device, graph)
     optimizer = build_optimizer(params, model, capturable=graph)
     precision = Precision(params.amp_mode, device, cache=not graph)
-    model = train.compile_model(model, params)
     if graph:
         from train_graph import make_graph_step
         step_fn = make_graph_step(model, optimizer, build_loss(params), precision, params)
