@@ -44,8 +44,8 @@ export PYTHONUNBUFFERED=1
 
 # Seconds per stage: estimated costs plus start-up, priced by benchmarks/suite_plan.py (--plan shows
 # both); every one under the 540 s a lent machine's command may run.
-declare -A BUDGET=([preflight]=120 [tests-gpu]=420 [tests-compile]=420 [tests-cpu]=300 [ladder]=530
-                   [profiles]=480 [scaling]=300)
+declare -A BUDGET=([preflight]=140 [tests-gpu]=390 [tests-compile]=300 [tests-cpu]=240 [ladder]=530
+                   [profiles]=390 [scaling]=180)
 STAGES="preflight tests-gpu tests-compile tests-cpu ladder profiles scaling"
 
 note() { echo "gpu_suite.sh: $*"; }
@@ -127,14 +127,14 @@ on_signal() {
 PYTEST=(-m pytest -q -ra -p no:cacheprovider --durations=15)
 
 stage_preflight() {
-    step preflight 30 "$PYTHON" -m benchmarks.preflight --out "$PREFLIGHT" --nsys_timeout 60
+    step preflight 50 "$PYTHON" -m benchmarks.preflight --out "$PREFLIGHT" --nsys_timeout 60
 }
 
 stage_tests-gpu() {
     # The GPU-only tests (marked gpu: CUDA graphs, no host syncs, DALI on the GPU, the profiling window
     # and its kernels, a capturable resume) but torch.compile's. SIGINT at the limit: pytest stops and
     # still prints its summary.
-    step tests-gpu 210 "$PYTHON" "${PYTEST[@]}" -m gpu -k "not compile" --junitxml="$RESULTS/gpu_suite-tests-gpu.xml"
+    step tests-gpu 220 "$PYTHON" "${PYTEST[@]}" -m gpu -k "not compile" --junitxml="$RESULTS/gpu_suite-tests-gpu.xml"
 }
 
 stage_tests-compile() {
@@ -143,7 +143,7 @@ stage_tests-compile() {
         note "tests-compile not run: the preflight found no C compiler or no Python.h (see $PREFLIGHT)"
         return 1
     fi
-    step tests-compile 150 "$PYTHON" "${PYTEST[@]}" -m gpu -k compile --junitxml="$RESULTS/gpu_suite-tests-compile.xml"
+    step tests-compile 160 "$PYTHON" "${PYTEST[@]}" -m gpu -k compile --junitxml="$RESULTS/gpu_suite-tests-compile.xml"
 }
 
 stage_tests-cpu() {
@@ -154,7 +154,7 @@ stage_tests-cpu() {
 
 stage_ladder() {
     # The compile rung skips itself, with the reason, where the preflight's compiler check fails.
-    step ladder 460 "$PYTHON" -m benchmarks.ladder --data_dir "$DATA_DIR" --overwrite --nbatches 15 --ntrials 3 \
+    step ladder 470 "$PYTHON" -m benchmarks.ladder --data_dir "$DATA_DIR" --overwrite --nbatches 15 --ntrials 3 \
         --nwarmup 1
 }
 
@@ -164,7 +164,7 @@ stage_profiles() {
     local status=0
     step profiles 200 "$PYTHON" -m benchmarks.profiles --data_dir "$DATA_DIR" "${nsys[@]}" --timeout 120 \
         --overwrite || status=1
-    step layers 30 "$PYTHON" -m benchmarks.layers --overwrite || status=1
+    step layers 20 "$PYTHON" -m benchmarks.layers --overwrite || status=1
     return $status
 }
 
@@ -173,7 +173,7 @@ stage_scaling() {
     # 2, 4, ... ranks up to its GPUs, with DDP and with --noddp. On one GPU train.py does not wrap the
     # model in DDP, so the two differ by run-to-run noise only: the baseline multi-GPU overheads are
     # read against.
-    step scaling 80 "$PYTHON" -m benchmarks.scaling --data_dir "$DATA_DIR" --timeout 200 --overwrite
+    step scaling 80 "$PYTHON" -m benchmarks.scaling --data_dir "$DATA_DIR" --timeout 120 --overwrite
 }
 
 # --------------------------------------------------------------------------- the command line
