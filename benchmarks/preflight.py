@@ -34,9 +34,7 @@ import time
 import torch
 
 from benchmarks.common import ROOT
-
-SHM = "/dev/shm"
-
+from utils.data_loader import shm_free_bytes
 
 def compile_problem():
     """Why torch.compile cannot build its wrappers here (None when it can). Triton and Inductor
@@ -62,14 +60,6 @@ def compile_problem():
         return (f"torch.compile needs a C compiler that builds against Python.h, and {compiler} failed: "
                 f"{result.stderr.strip().splitlines()[-1] if result.stderr.strip() else result.returncode}: {fix}")
     return None
-
-
-def shm_free_bytes(path=SHM):
-    """Free bytes in the shared-memory filesystem (None where there is none)."""
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return None
 
 
 def conv3d_check(device):
