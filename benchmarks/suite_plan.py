@@ -16,8 +16,12 @@ this code has measured them yet), marked as such; the CPU tests' cost was measur
 """
 import argparse
 import math
+import os
+
+import yaml
 
 from benchmarks import ladder, profiles, scaling
+from benchmarks.common import ROOT
 from benchmarks.layers import PRESETS as LAYER_PRESETS
 
 # Samples per second assumed for a rung (batch 64): what its loader delivers (IO) and what its step
@@ -28,7 +32,9 @@ ASSUMED_COMPUTE = {"fp32": 482, "amp": 820, "batch 8": 400}  # TF32 baseline, fp
 # Seconds of set-up, estimated; the data set's measured: 19 s for 256^3 on the project's 2-core CPU machine.
 SETUP_S = {"rung": 10, "compile": 90, "graph": 10, "dali": 15, "data": 20, "process": 20}
 LADDER = {"nbatches": 15, "ntrials": 3, "nwarmup": 1}  # what gpu_suite.sh passes to the ladder
-GRAPH_WARMUP_STEPS = 20  # config/UNet.yaml's graph_warmup_steps: primed before the trials, with the capture
+with open(os.path.join(ROOT, "config", "UNet.yaml")) as config:
+    # train_graph.py's eager steps before its capture: the ladder runs them, and the capture, before the trials.
+    GRAPH_WARMUP_STEPS = yaml.safe_load(config)["base"]["graph_warmup_steps"]
 CPU_TESTS_MEASURED = "85 s for 356 tests on the project's 2-core CPU machine, 2026-11-24"
 # The GPU-only tests, estimated: runs of train.py on the tiny test config, ~20 s each with start-up.
 GPU_TESTS = [("tests/test_train_graph.py: 3 precisions x (eager + graph) runs", 120),
