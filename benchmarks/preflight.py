@@ -175,7 +175,19 @@ def lines(facts):
                "DALI: not importable (install it first for the DALI rung and tests: benchmarks/gpu_suite.sh --plan)")
     for what, why in facts["skipped"].items():
         out.append(f"skipped: {what} ({why})")
-    return out
+    return out + decisions(facts)
+
+
+def decisions(facts):
+    """What the later stages of benchmarks/gpu_suite.sh do, given these facts."""
+    compiles = facts["compile_problem"] is None
+    nsys = facts["nsys"].get("report")
+    return [f"so: tests-compile {'runs' if compiles else 'is skipped'}; the ladder's compile rung "
+            f"{'runs' if compiles else 'is skipped, with the reason'}; profiles "
+            f"{'with' if nsys else 'without'} Nsight Systems"
+            + ("" if nsys is not None else " (its report was not tried here)")
+            + f"; the DALI rung and tests {'run' if facts['dali'] else 'skip unless DALI is installed first'}"
+            + ("" if facts["profiler"]["ok"] else "; the profiles will show no device time")]
 
 
 def passed(facts):
