@@ -184,10 +184,14 @@ def main(argv=None):
     parser.add_argument("stages", nargs="*", default=None, help="default: all, in order")
     args = parser.parse_args(argv)
     commands = plan(args.limit, args.gpus, args.stages, dali=not args.no_dali)
-    print(f"GPU suite plan: {len(commands)} commands, one stage each, sent back to back to one lent machine "
+    print(f"GPU suite plan: {len(commands)} commands (a stage, or a part of DALI's install, each), sent back to back to one lent machine "
           "(each within 30 s of the last, or the machine and what it holds are gone); each command's results "
           "come back from $OUT. Estimates: the original tutorial's A100 throughputs (an H100 or H200 is faster), "
           "set-up and GPU tests estimated; budgets: what gpu_suite.sh enforces.")
+    if any(command["carry"] for command in commands):
+        print(f"\nBefore the first command: DALI's wheels for the machine's Python (requirements-dali.txt and what "
+              f"they import, with a sha256 manifest), cut into {DALI_PARTS} parts in the ignored folders .carry/1 .. "
+              f".carry/{DALI_PARTS}, the manifest in the last; check them here with: cat .carry/*/part.* | tar tf -")
     fits = True
     for number, command in enumerate(commands, start=1):
         fits &= command["estimate"] <= command["budget"] <= args.limit

@@ -42,7 +42,7 @@ def test_a_run_logs_what_users_expect(data_files, tmp_path):
                     r"rank 0, begin data loader init\n.*rank 0, data loader initialized with config inmem\n",
                     r"Starting Training Loop...\n", r"DONE ---- rank 0\n$",  # the original tutorial's lines
                     r"3-D convolutions: torch \S+, CUDA \S+, cuDNN none; fp32 convolutions run on \w+ "
-                    r"\(transposed: [^)]+\)\n"):  # the health check (utils/conv3d.py)
+                    r"\(transposed: [^)]+\), layout contiguous\n"):  # the health check (utils/conv3d.py)
         assert re.search(pattern, log), pattern
     assert f"Configuration file: {ROOT}/config/UNet.yaml\n" in log
     assert "Preview image:" in result.stdout and "TensorBoard logs:" in result.stdout
