@@ -34,6 +34,7 @@ import time
 import torch
 
 from benchmarks.common import ROOT
+from utils.conv3d import cudnn_text
 from utils.data_loader import shm_free_bytes
 
 def compile_problem():
@@ -149,7 +150,7 @@ def run_checks(nsys_timeout=60, work_dir=None):
 
 def lines(facts):
     """The checks as the lines the preflight prints."""
-    out = [f"torch {facts['torch']}, CUDA {facts['cuda']}, cuDNN {facts['cudnn']}, Python {facts['python']}"]
+    out = [f"torch {facts['torch']}, CUDA {facts['cuda']}, cuDNN {cudnn_text(facts['cudnn'])}, Python {facts['python']}"]
     if facts["gpu"]:
         out.append(f"GPU: {facts['gpu']}, {facts['gpu_memory_free_gb']} of {facts['gpu_memory_total_gb']} GB free")
     out.append(f"/dev/shm: {facts['shm_free_gb']} GB free" if facts["shm_free_gb"] is not None else
