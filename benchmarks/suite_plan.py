@@ -36,8 +36,9 @@ with open(os.path.join(ROOT, "config", "UNet.yaml")) as config:
     # train_graph.py's eager steps before its capture: the ladder runs them, and the capture, before the trials.
     GRAPH_WARMUP_STEPS = yaml.safe_load(config)["base"]["graph_warmup_steps"]
 CPU_TESTS_MEASURED = "85 s for 356 tests on the project's 2-core CPU machine, 2026-11-24"
-# The GPU-only tests, estimated: runs of train.py on the tiny test config, ~20 s each with start-up.
-GPU_TESTS = [("tests/test_train_graph.py: 3 precisions x (eager + graph) runs", 120),
+# The GPU-only tests, estimated: runs of train.py on the tiny test config, 20-30 s each with start-up
+# (CUDA's, cuDNN's autotuning and deterministic algorithms included).
+GPU_TESTS = [("tests/test_train_graph.py: 3 precisions x (eager + graph) runs", 180),
              ("tests/test_gpu_paths.py but compile: the profiling window, a resume (3 runs)", 60),
              ("the loaders, metrics and symmetry on the GPU (no train.py runs)", 30),
              ("pytest's start and collection", 10)]
@@ -141,7 +142,7 @@ def stage_estimate(stage_steps):
 def dali_commands(parts=DALI_PARTS, site=DALI_SITE):
     """DALI's install, one command per carried part: (what, command, carry, estimate)."""
     commands = [(f"DALI wheels, part {k} of {parts}", f"mkdir -p /root/carry && cp .carry/{k}/part.* /root/carry/ "
-                 "&& ls -la /root/carry", f".carry/{k}", 15) for k in range(1, parts)]
+                 "&& ls -la /root/carry", f".carry/{k}", 10) for k in range(1, parts)]
     commands.append((f"DALI wheels, part {parts} of {parts}, and their install",
                      f"cp .carry/{parts}/* /root/carry/ && cd /root/carry && cat part.* | tar xf - && sha256sum -c "
                      f"manifest && python3 -m pip install -q --no-index --no-deps --no-compile --target {site} "
