@@ -26,11 +26,11 @@ def test_the_cpu_half_runs_and_names_what_it_skipped(tmp_path):
     assert any(line.startswith("preflight: DALI: ") for line in printed)
     assert any(line.startswith("preflight: nsys: ") for line in printed)
     skipped = [line for line in printed if line.startswith("preflight: skipped: ")]
-    assert len(skipped) == 3 and all("no CUDA GPU" in line for line in skipped)
+    assert len(skipped) >= 3 and all("no CUDA GPU" in line for line in skipped)  # + nsys's report, where found
     facts = json.loads(out.read_text())
     assert facts["passed"] and facts["gpu"] is None and facts["profiler"]["cpu_ops"] > 0
     assert facts["profiler"]["kernels"] == 0 and facts["shm_free_gb"] > 0
-    assert set(facts["skipped"]) == {"GPU name and free memory", "a bf16 Conv3d forward and backward on the GPU",
+    assert set(facts["skipped"]) >= {"GPU name and free memory", "a bf16 Conv3d forward and backward on the GPU",
                                      "CUDA kernel events in the profiler trace"}
 
 
