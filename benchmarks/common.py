@@ -132,10 +132,18 @@ def run(argv, log_path, timeout, mode="w", env=None):
         try:
             return process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            end_group(process)
             return f"timed out after {timeout} s"
+        except BaseException:  # Ctrl-C (or the suite's SIGINT at its budget): the run ends with the tool
+            end_group(process)
+            raise
+
+
+def end_group(process):
+    """End a process started in a session of its own, and every process of its group."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def outcome(code):

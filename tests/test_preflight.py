@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -48,3 +49,17 @@ def test_a_missing_compiler_or_failing_build_is_named(monkeypatch, tmp_path):
     [compile_rung] = [rung for rung in ladder.GPU_RUNGS if "--jit_mode=compile" in rung.options]
     assert "Python.h" in ladder.skip_reason(compile_rung)
     assert ladder.skip_reason(ladder.GPU_RUNGS[0]) is None
+
+
+def test_a_run_past_its_limit_ends_with_all_its_children(tmp_path):
+    """The nsys probe (and every run of the benchmark tools) is ended at its limit with the processes it
+    started: a profiler's daemon or a launcher's ranks must not outlive it and hold the GPU."""
+    from benchmarks.common import run
+
+    pid_file = tmp_path / "child.pid"
+    started = time.monotonic()
+    outcome = run(["bash", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], str(tmp_path / "log"), timeout=2)
+    assert outcome == "timed out after 2 s" and time.monotonic() - started < 10
+    child = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
