@@ -6,6 +6,7 @@ It prints one line per check and writes them to ``benchmarks/results/preflight.j
 later stages of ``benchmarks/gpu_suite.sh`` read to decide what they run:
 
 - torch, CUDA and cuDNN versions, the GPU's name and free memory;
+- the runtime requirements (requirements.txt) importable, which train.py needs;
 - free space in ``/dev/shm`` (the host loaders' workers pass their batches through it);
 - a C compiler and ``Python.h``, which torch.compile needs (Triton and Inductor build small C
   wrappers): without them the compile rungs and tests are skipped with a line that says why;
@@ -18,12 +19,14 @@ later stages of ``benchmarks/gpu_suite.sh`` read to decide what they run:
 
 On a machine without a GPU it runs the CPU half (versions, /dev/shm, compiler, a CPU profiler
 trace, nsys found, DALI) and names each check it skipped. The exit status is 0 when every check
-that ran passed; a missing optional piece (nsys, DALI, the compiler) is reported, not failed.
+that ran passed and the requirements import; a missing optional piece (nsys, DALI, the compiler)
+is reported, not failed.
 """
 import argparse
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -101,6 +104,25 @@ def profiler_check(device):
     return {"kernels": kernels, "cpu_ops": cpu_ops, "ok": kernels > 0 if device.type == "cuda" else cpu_ops > 0}
 
 
+def missing_requirements(path=os.path.join(ROOT, "requirements.txt")):
+    """The runtime requirements (requirements.txt) that cannot be imported here: train.py needs them all."""
+    modules = {"pyyaml": "yaml"}  # distribution names that differ from the module's
+    missing = []
+    with open(path) as f:
+        for line in f:
+            name = re.split(r"[<>=!~;\[ ]", line.split("#", 1)[0].strip(), maxsplit=1)[0]
+            if not name:
+                continue
+            module = modules.get(name.lower(), name)
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ModuleNotFoundError:  # a dotted name whose parent is missing
+                found = False
+            if not found:
+                missing.append(name)
+    return missing
+
+
 def dali_version():
     try:
         if importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("nvidia.dali") is None:
@@ -127,6 +149,7 @@ def run_checks(nsys_timeout=60, work_dir=None):
         facts["skipped"]["GPU name and free memory"] = "no CUDA GPU"
     shm = shm_free_bytes()
     facts["shm_free_gb"] = None if shm is None else round(shm / 1e9, 2)
+    facts["missing_requirements"] = missing_requirements()
     facts["compile_problem"] = compile_problem()
     if cuda:
         facts["conv3d_bf16"] = conv3d_check(device)
@@ -155,6 +178,9 @@ def lines(facts):
         out.append(f"GPU: {facts['gpu']}, {facts['gpu_memory_free_gb']} of {facts['gpu_memory_total_gb']} GB free")
     out.append(f"/dev/shm: {facts['shm_free_gb']} GB free" if facts["shm_free_gb"] is not None else
                "/dev/shm: none (the host loaders' workers fall back to the file system)")
+    out.append("requirements.txt: all importable" if not facts["missing_requirements"] else
+               f"requirements.txt: NOT importable: {', '.join(facts['missing_requirements'])} -- train.py and every "
+               "stage need them: carry their wheels (benchmarks/gpu_suite.sh --plan)")
     out.append(f"torch.compile: {'can build (C compiler and Python.h found)' if not facts['compile_problem'] else 'NO: ' + facts['compile_problem']}")
     if "conv3d_bf16" in facts:
         conv = facts["conv3d_bf16"]
@@ -194,7 +220,7 @@ def decisions(facts):
 def passed(facts):
     """Whether every check that ran works: the optional pieces (nsys, DALI, a compiler) do not count."""
     conv = facts.get("conv3d_bf16", {"ok": True})
-    return conv["ok"] and facts["profiler"]["ok"]
+    return conv["ok"] and facts["profiler"]["ok"] and not facts["missing_requirements"]
 
 
 def main(argv=None):

@@ -3,8 +3,9 @@
     benchmarks/gpu_suite.sh --plan          # = python -m benchmarks.suite_plan --limit 540
 
 Runs anywhere, no GPU needed. It prints one ready-to-paste command per stage, the preflight first
-and DALI's install in commands of its own before the stages that use it, each with the ignored
-folders it must carry, its budget and what it should take. The budgets are the ones gpu_suite.sh
+(which also installs the small wheels the machine lacks) and DALI's install in commands of its own
+before the stages that use it, each with the ignored folders it must carry, its budget and what it
+should take. The budgets are the ones gpu_suite.sh
 enforces (its ``BUDGET`` table; a test keeps the two equal), derived here from the estimates:
 half as much again plus a minute of start-up, and never more than 530 s of a command's 540.
 
@@ -45,7 +46,11 @@ GPU_TESTS = [("tests/test_train_graph.py: 3 precisions x (eager + graph) runs", 
 COMPILE_TESTS = [("tests/test_gpu_paths.py compile: two epochs, reduce-overhead, training and validation "
                   "compiled", 150), ("pytest's start and collection", 10)]
 DALI_PARTS = 5        # DALI for CUDA 13 and what it imports, about 250 MB, carried in parts of 55 MiB
-DALI_SITE = "/root/site"
+SITE = "/root/site"   # where the carried wheels are installed on the lent machine; every stage imports from it
+# requirements.txt's packages that the lent machine lacks (it has torch, numpy, h5py, pyyaml,
+# tensorboard, matplotlib, tqdm): small wheels, carried whole with the preflight's command.
+SMALL_WHEELS = ["ruamel.yaml"]
+WHEELS = ".carry/wheels"
 MAX_BUDGET = 530      # of the 540 s a lent machine's command may run: 10 s for the reply
 
 
@@ -139,7 +144,7 @@ def stage_estimate(stage_steps):
     return sum(step_seconds(rows) for _, rows in stage_steps)
 
 
-def dali_commands(parts=DALI_PARTS, site=DALI_SITE):
+def dali_commands(parts=DALI_PARTS, site=SITE):
     """DALI's install, one command per carried part: (what, command, carry, estimate)."""
     commands = [(f"DALI wheels, part {k} of {parts}", f"mkdir -p /root/carry && cp .carry/{k}/part.* /root/carry/ "
                  "&& ls -la /root/carry", f".carry/{k}", 10) for k in range(1, parts)]
@@ -152,7 +157,7 @@ def dali_commands(parts=DALI_PARTS, site=DALI_SITE):
 
 
 ORDER = ["preflight", "dali", "tests-gpu", "tests-compile", "tests-cpu", "ladder", "profiles", "scaling"]
-USES_DALI = {"tests-gpu", "ladder"}  # the DALI rung and DALI's GPU tests; the others never import it
+USES_DALI = {"tests-gpu", "ladder"}  # the DALI rung and DALI's GPU tests: its install comes before them
 
 
 def plan(limit=540, gpus=1, stages=None, dali=True):
@@ -170,10 +175,14 @@ def plan(limit=540, gpus=1, stages=None, dali=True):
         if stage not in stages:
             continue
         estimate = stage_estimate(priced[stage])
-        prefix = f"PYTHONPATH={DALI_SITE} " if dali and stage in USES_DALI else ""
-        commands.append({"what": f"stage {stage}", "stage": stage, "command": f"{prefix}benchmarks/gpu_suite.sh {stage}",
-                         "carry": None, "estimate": estimate, "budget": budget(estimate, limit),
-                         "steps": priced[stage]})
+        command = f"PYTHONPATH={SITE} benchmarks/gpu_suite.sh {stage}"
+        carry = None
+        if not commands:  # the first command also installs the small wheels (if any were carried)
+            command = (f"(ls {WHEELS}/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps "
+                       f"--no-compile --target {SITE} {WHEELS}/*.whl); {command}")
+            carry = WHEELS
+        commands.append({"what": f"stage {stage}", "stage": stage, "command": command, "carry": carry,
+                         "estimate": estimate, "budget": budget(estimate, limit), "steps": priced[stage]})
     return commands
 
 
@@ -189,10 +198,12 @@ def main(argv=None):
           "(each within 30 s of the last, or the machine and what it holds are gone); each command's results "
           "come back from $OUT. Estimates: the original tutorial's A100 throughputs (an H100 or H200 is faster), "
           "set-up and GPU tests estimated; budgets: what gpu_suite.sh enforces.")
-    if any(command["carry"] for command in commands):
-        print(f"\nBefore the first command: DALI's wheels for the machine's Python (requirements-dali.txt and what "
-              f"they import, with a sha256 manifest), cut into {DALI_PARTS} parts in the ignored folders .carry/1 .. "
-              f".carry/{DALI_PARTS}, the manifest in the last; check them here with: cat .carry/*/part.* | tar tf -")
+    print(f"\nBefore the first command, in the ignored folder .carry/: the wheels of {', '.join(SMALL_WHEELS)} for "
+          f"the machine's Python 3.12 in {WHEELS}/ (python -m pip download --no-deps --only-binary=:all: "
+          f"--python-version 3.12 --platform manylinux2014_x86_64 -d {WHEELS} {' '.join(SMALL_WHEELS)})"
+          + (f"; DALI's wheels (requirements-dali.txt and what they import, with a sha256 manifest), cut into "
+             f"{DALI_PARTS} parts in .carry/1 .. .carry/{DALI_PARTS}, the manifest in the last; check them here "
+             "with: cat .carry/*/part.* | tar tf -" if any(c["what"].startswith("DALI") for c in commands) else ""))
     fits = True
     for number, command in enumerate(commands, start=1):
         fits &= command["estimate"] <= command["budget"] <= args.limit

@@ -63,3 +63,11 @@ def test_a_run_past_its_limit_ends_with_all_its_children(tmp_path):
     child = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)
+
+
+def test_a_runtime_requirement_that_does_not_import_is_named(tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("# comment\ntorch>=2.4\npyyaml\nnumpy  # the arrays\nno_such_package_here>=1.0\n"
+                            "ruamel.no_such_module\n")
+    assert preflight.missing_requirements(str(requirements)) == ["no_such_package_here", "ruamel.no_such_module"]
+    assert preflight.missing_requirements() == []  # this machine has requirements.txt's packages

@@ -281,7 +281,8 @@ def check_layers(scratch, output):
 
 
 def check_plan(scratch, output):
-    assert re.findall(r"^ *\d+\. stage ([\w-]+): budget \d+ s, about \d+ s \(fits\)$", output, flags=re.M) == \
+    assert re.findall(r"^ *\d+\. stage ([\w-]+): budget \d+ s, about \d+ s(?:; carry \S+)? \(fits\)$", output,
+                      flags=re.M) == \
         ["preflight", "tests-gpu", "tests-compile", "tests-cpu", "ladder", "profiles", "scaling"]
 
 
