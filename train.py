@@ -119,7 +119,8 @@ def memory_format(params):
 
 
 def compile_model(model, params):
-    """torch.compile the (wrapped) model with ``jit_mode=compile``.
+    """torch.compile the (wrapped) model with ``jit_mode=compile``: validation's model (training
+    compiles model and loss as one function, :func:`training_loss`).
 
     Compiling after the DDP wrapper lets the compiler split its graphs at DDP's gradient buckets,
     so communication still overlaps with the backward pass.
@@ -127,6 +128,20 @@ def compile_model(model, params):
     if params.jit_mode != "compile":
         return model
     return torch.compile(model, mode=params.compile_mode)
+
+
+def training_loss(model, loss_fn, params):
+    """``forward_loss(inputs, targets)``: the model and the loss as ONE function, compiled as one
+    with ``jit_mode=compile``. Compiled apart, under CUDA graphs (--compile_mode=reduce-overhead or
+    max-autotune) the model's output buffer is overwritten by its next replay while the loss's own
+    graph still reads it (pytorch/pytorch#160281); one function has one graph, and fuses the loss
+    into the model's last kernels as well."""
+    def forward_loss(inputs, targets):
+        return loss_fn(model(inputs), targets)
+
+    if params.jit_mode != "compile":
+        return forward_loss
+    return torch.compile(forward_loss, mode=params.compile_mode)
 
 
 def resume(run_dir, model, optimizer, scaler):
@@ -150,7 +165,7 @@ def resume(run_dir, model, optimizer, scaler):
 STOP_CHECK_STEPS = 10  # how often the ranks agree whether a stop signal arrived (one tiny all-reduce)
 
 
-def train_step(model, optimizer, loss_fn, precision, inputs, targets):
+def train_step(forward_loss, optimizer, precision, inputs, targets):
     """Forward, loss, backward and optimiser update for one batch; returns the loss (on the device).
 
     The ``annotate`` ranges cost nothing unless profiling is on (--enable_manual_profiling,
@@ -159,7 +174,7 @@ def train_step(model, optimizer, loss_fn, precision, inputs, targets):
     (--compile_mode=reduce-overhead or max-autotune) the next step overwrites the graph's outputs.
     """
     with annotate("forward"), precision.autocast():
-        loss = loss_fn(model(inputs), targets)
+        loss = forward_loss(inputs, targets)
     optimizer.zero_grad()
     with annotate("backward"):
         precision.scaler.scale(loss).backward()
@@ -171,7 +186,7 @@ def train_step(model, optimizer, loss_fn, precision, inputs, targets):
 
 def default_step(model, optimizer, loss_fn, precision, params):
     """The step of train.py; train_graph.py supplies one that replays a captured CUDA graph."""
-    return functools.partial(train_step, model, optimizer, loss_fn, precision)
+    return functools.partial(train_step, training_loss(model, loss_fn, params), optimizer, precision)
 
 
 def to_device(tensor, device, memory_format):
@@ -208,16 +223,27 @@ def check_finite(losses, last_step, run_dir):
                         "--amp_mode=bf16 or none instead of fp16.")
 
 
+def new_cudagraph_step():
+    """Tell torch.compile's CUDA graphs that a new step begins, so that they may reuse the buffers of
+    the last one. Only where they are in use: where their module was never imported no graph was
+    recorded, and importing it would cost seconds."""
+    if "torch._inductor.cudagraph_trees" in sys.modules:
+        torch.compiler.cudagraph_mark_step_begin()
+
+
 @torch.no_grad()
 def validate(model, loader, loss_fn, precision, move, world, metrics=None):
     """Mean validation loss over all ranks, and the first sample with its prediction (for the preview).
 
     ``metrics``, when given, accumulates the physics metrics batch by batch, on the device.
+    Each batch is a new step for torch.compile's CUDA graphs: the last training step's outputs, or
+    the last batch's, are not read again.
     """
     model.eval()
     totals, count, sample = [], 0, None
     for inputs, targets in loader:
         inputs, targets = move(inputs), move(targets)
+        new_cudagraph_step()
         with precision.autocast():
             predictions = model(inputs)
             totals.append(loss_fn(predictions, targets).float() * len(inputs))
@@ -339,13 +365,14 @@ def main(argv=None, make_step=None, graph_capture=False):
 
     # Model, optimiser, precision and loss, resolved once so that the loop has no branches for them.
     # Order: the parallel wrapper first (FSDP replaces the parameters the optimiser must hold), then
-    # the optimiser, and compilation last, around everything (it is lazy: nothing is traced yet).
+    # the optimiser, and compilation last, around everything (it is lazy: nothing is traced yet):
+    # the step compiles model and loss as one function, validation the model alone.
     model = parallelize(build_model(params, device), params, world, device, graph_capture)
     optimizer = build_optimizer(params, model, capturable=graph_capture)
     precision = Precision(params.amp_mode, device, cache=not graph_capture)
     loss_fn = build_loss(params)
-    model = compile_model(model, params)
     step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
+    model = compile_model(model, params)
     move = functools.partial(to_device, device=device, memory_format=memory_format(params))
     validation = functools.partial(validate, model, val_loader, loss_fn, precision, move, world)
 

@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from train import main, train_step
+from train import main, train_step, training_loss
 from utils.YParams import wants_help
 from utils.errors import UserError, exit_on_user_error
 
@@ -38,9 +38,10 @@ def make_graph_step(model, optimizer, loss_fn, precision, params):
     graph = torch.cuda.CUDAGraph()
     static = {}
     warmup_stream = torch.cuda.Stream()
+    forward_loss = training_loss(model, loss_fn, params)
 
     def eager_step(inputs, targets):
-        return train_step(model, optimizer, loss_fn, precision, inputs, targets)
+        return train_step(forward_loss, optimizer, precision, inputs, targets)
 
     calls = 0
 

@@ -2,9 +2,11 @@
 that an earlier run's results are not silently lost in, and running a real command with its output
 kept and a time limit."""
 import argparse
+import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 
@@ -122,13 +124,27 @@ def relative_args(command):
 
 def run(argv, log_path, timeout, mode="w", env=None):
     """Run ``argv`` in the repository, its output to ``log_path``; the exit status, or a text saying
-    that it timed out (one stuck run must not cost the others their results)."""
+    that it timed out (one stuck run must not cost the others their results). The command runs in a
+    process group of its own, all of which is ended at the limit: a profiler's or a launcher's
+    children too, which would otherwise outlive it and hold the GPU."""
     with open(log_path, mode) as log:
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
         try:
-            return subprocess.run(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=timeout).returncode
+            return process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            end_group(process)
             return f"timed out after {timeout} s"
+        except BaseException:  # Ctrl-C (or the suite's SIGINT at its budget): the run ends with the tool
+            end_group(process)
+            raise
+
+
+def end_group(process):
+    """End a process started in a session of its own, and every process of its group."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def outcome(code):

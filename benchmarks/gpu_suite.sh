@@ -1,81 +1,176 @@
 #!/usr/bin/env bash
-# The tutorial's GPU measurements and checks, in stages of at most STAGE_LIMIT seconds each:
+# The tutorial's GPU measurements and checks, one stage per command, each inside its own budget:
 #
-#   benchmarks/gpu_suite.sh --plan     what each stage runs and how long it should take (no GPU needed)
-#   benchmarks/gpu_suite.sh tests      the GPU-only tests (DALI's on the GPU included), then the fast CPU ones
-#   benchmarks/gpu_suite.sh ladder     python -m benchmarks.ladder: the single-GPU ladder at batch 64, crop 64
-#   benchmarks/gpu_suite.sh profiles   python -m benchmarks.profiles --nsys (five rungs) and benchmarks.layers
-#   benchmarks/gpu_suite.sh scaling    python -m benchmarks.scaling: weak scaling over this node's GPUs
-#   benchmarks/gpu_suite.sh ladder profiles     several stages, in order (no stage: all four)
+#   benchmarks/gpu_suite.sh --plan            the commands to send, in order, with budgets (no GPU needed)
+#   benchmarks/gpu_suite.sh --help            this text
+#   benchmarks/gpu_suite.sh preflight         python -m benchmarks.preflight: what the later stages rely on
+#                                             (on a CPU its CPU half, naming what it skipped)
+#   benchmarks/gpu_suite.sh tests-gpu         the GPU-only tests (-m gpu) but torch.compile's
+#   benchmarks/gpu_suite.sh tests-compile     the GPU-only tests of torch.compile (CUDA graphs included)
+#   benchmarks/gpu_suite.sh tests-cpu         the fast CPU tests, under this machine's torch
+#   benchmarks/gpu_suite.sh ladder            python -m benchmarks.ladder: the single-GPU ladder, batch 64, crop 64
+#   benchmarks/gpu_suite.sh profiles          python -m benchmarks.profiles (five rungs) and benchmarks.layers
+#   benchmarks/gpu_suite.sh scaling           python -m benchmarks.scaling: weak scaling over this node's GPUs
+#   benchmarks/gpu_suite.sh ladder profiles   several stages, one after the other
 #
 # Run it from the repository's top-level folder with the Python that has torch (PYTHON=..., default
-# python3; COMMIT=... names the commit in the logs where the copy has no .git). Results land where
-# the tutorial reads them: benchmarks/results/ (ladder, layers, scaling, this suite's logs) and
-# sample_nsys_profiles/. With OUT set (a folder), each stage also packs what it wrote into
-# $OUT/gpu_suite_<stage>.tgz (in 15 MiB parts when larger, at most 8), to carry the results off a
-# machine that is given back afterwards. Each stage stops itself after STAGE_LIMIT seconds (default
-# 540) and still packs what it measured; --plan shows that each fits. A stage that fails does not
-# stop the next one; the exit status says whether all passed.
+# python3; COMMIT=... names the commit in the logs where the copy has no .git). The preflight comes
+# first: its benchmarks/results/preflight.json decides what the later stages do (Nsight Systems only
+# where it wrote a report; the compile rungs and tests are skipped, with the reason, where no C
+# compiler or Python.h is found). Results land where the tutorial reads them: benchmarks/results/
+# (preflight, ladder, layers, scaling, test reports, this suite's logs) and sample_nsys_profiles/.
+#
+# Each stage has a budget (BUDGET below, at most STAGE_LIMIT, default 540 s: a lent machine's commands
+# end at 540-600 s). Its steps check the time left before they start (a step that cannot finish is
+# not started, and says so) and end at the budget. With OUT set (a folder), what the stage wrote is
+# packed into $OUT/gpu_suite_<stage>.tgz after every step, again whenever a running step writes a
+# result, and on SIGTERM or SIGINT: a stage cut short still returns what it finished. Archives over
+# 15 MiB are cut in parts (rejoin: cat gpu_suite_<stage>.tgz.part* > x.tgz). A stage that fails does
+# not stop the next one; the exit status says whether all passed.
 #
 # The stages pass --overwrite (the tools alone refuse to write over results): the profiles stage
-# regenerates sample_nsys_profiles/, which holds the committed profiles once there are any, so it
-# would be refused on every machine after the first without it; the ladder and scaling stages write
-# <device>-<date> files that only a rerun of the stage on the same GPU the same day finds, and such a
-# rerun redoes that day's measurement (its stage log is rewritten too). To keep an earlier run's
-# results, pack them (OUT) before running its stage again.
+# regenerates sample_nsys_profiles/; the ladder and scaling stages write <device>-<date> files that
+# only a rerun on the same GPU the same day finds, and such a rerun redoes that day's measurement.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
-RESULTS=benchmarks/results
+RESULTS=${RESULTS:-benchmarks/results}  # where results go (tests point it elsewhere)
 DATA_DIR=data/benchmark
+PREFLIGHT=$RESULTS/preflight.json
+STAGE_LIMIT=${STAGE_LIMIT:-540}
+PACK_RESERVE=15  # seconds kept at the end of a budget to pack
 export PYTHONUNBUFFERED=1
+
+# Seconds per stage: estimated costs plus start-up, priced by benchmarks/suite_plan.py (--plan shows
+# both); every one under the 540 s a lent machine's command may run.
+declare -A BUDGET=([preflight]=140 [tests-gpu]=480 [tests-compile]=300 [tests-cpu]=240 [ladder]=530
+                   [profiles]=390 [scaling]=180)
+STAGES="preflight tests-gpu tests-compile tests-cpu ladder profiles scaling"
 
 note() { echo "gpu_suite.sh: $*"; }
 
-pack() {
-    # $OUT/gpu_suite_<stage>.tgz, cut into 15 MiB parts when larger (files that big may not come back
-    # from a lent machine whole, and at most 8 do); rejoin with: cat gpu_suite_<stage>.tgz.part* > x.tgz
-    local archive="$OUT/gpu_suite_$1.tgz"
-    shift
-    tar czf "$archive" "$@" || return 1
-    if [ "$(stat -c %s "$archive")" -gt $((15 * 1024 * 1024)) ]; then
-        split -b 15M -d "$archive" "$archive.part" && rm "$archive" && note "packed in parts: $archive.part*"
-    fi
-    local files
-    files=$(find "$OUT" -maxdepth 1 -type f | wc -l)
-    [ "$files" -le 8 ] || { note "error: $OUT holds $files files; at most 8 come back from a lent machine"; return 1; }
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+
+preflight_says() {
+    # A value of the preflight's facts (preflight.json): "true", "false", or "unknown" before it ran here.
+    "$PYTHON" - "$PREFLIGHT" "$1" <<'EOF' 2>/dev/null || echo unknown
+import json, sys
+facts = json.load(open(sys.argv[1]))
+print({"nsys_report": lambda: facts["nsys"].get("report", False),
+       "compile": lambda: facts["compile_problem"] is None}[sys.argv[2]]() and "true" or "false")
+EOF
 }
 
-# The ladder, the profiles and the scaling points keep their files up to date after every run, so
-# that a stage stopped at STAGE_LIMIT still packs what it measured.
-STAGE_LIMIT=${STAGE_LIMIT:-540}
-TESTS_GPU_LIMIT=$((STAGE_LIMIT * 4 / 9))  # 240 s of the default 540
-TESTS_CPU_LIMIT=$((STAGE_LIMIT / 3))      # 180 s
+# --------------------------------------------------------------------------- packing and steps
 
-stage_tests() {
-    # The GPU-only tests (marked gpu: CUDA graphs, no host syncs, DALI on the GPU, the profiling window,
-    # compile's CUDA graphs, a capturable resume), then the fast CPU ones. The Slurm and browser modules
-    # have their own CI. SIGINT at the limit: pytest stops and still prints its summary.
-    local status=0
-    timeout -s INT -k 30 "$TESTS_GPU_LIMIT" "$PYTHON" -m pytest -q -ra -p no:cacheprovider -m gpu \
-        --junitxml="$RESULTS/gpu_suite-tests-gpu.xml" || status=1
-    timeout -s INT -k 30 "$TESTS_CPU_LIMIT" "$PYTHON" -m pytest -q -ra -p no:cacheprovider -m "not slow and not gpu" \
-        --ignore=tests/test_slurm.py --ignore=tests/test_notebook.py --junitxml="$RESULTS/gpu_suite-tests-cpu.xml" \
-        || status=1
+stage_files() {
+    # What this stage wrote: the files under the result folders newer than its start.
+    find "$RESULTS" sample_nsys_profiles -type f -newer "$STAMP" 2>/dev/null
+}
+
+pack() {
+    # $OUT/gpu_suite_<stage>.tgz, remade from scratch. At most 8 files of 16 MiB come back from a lent
+    # machine: past 8 parts of 15 MiB, the Nsight Systems reports (the largest files) are left out.
+    [ -n "${OUT:-}" ] || return 0
+    local archive="$OUT/gpu_suite_$STAGE.tgz" files
+    mapfile -t files < <(stage_files)
+    [ ${#files[@]} -gt 0 ] || return 0
+    rm -f "$archive" "$archive".part*
+    tar czf "$archive.tmp" "${files[@]}" 2>/dev/null && mv "$archive.tmp" "$archive" || return 1
+    if [ "$(stat -c %s "$archive")" -gt $((8 * 15 * 1024 * 1024)) ]; then
+        mapfile -t files < <(printf '%s\n' "${files[@]}" | grep -v '\.nsys-rep$')
+        note "packed without the .nsys-rep reports: all together they pass 8 parts of 15 MiB"
+        tar czf "$archive" "${files[@]}" 2>/dev/null || return 1
+    fi
+    if [ "$(stat -c %s "$archive")" -gt $((15 * 1024 * 1024)) ]; then
+        split -b 15M -d "$archive" "$archive.part" && rm "$archive"
+    fi
+    touch "$PACKED"
+}
+
+repack_if_changed() {
+    # While a step runs: pack again when it has written a result since the last pack.
+    [ -n "${OUT:-}" ] && [ -n "$(find "$RESULTS" sample_nsys_profiles -type f -newer "$PACKED" \
+        ! -name 'gpu_suite-*.log' 2>/dev/null | head -n 1)" ] && pack
+    return 0
+}
+
+step() {
+    # step NAME SECONDS COMMAND...: run COMMAND if about SECONDS are left of the stage's budget, under a
+    # limit at the budget's end; pack after it (and while it runs, as it writes results).
+    local name=$1 need=$2 left
+    shift 2
+    left=$((DEADLINE - SECONDS - PACK_RESERVE))
+    if [ "$left" -lt "$need" ]; then
+        note "step $name not run: $left s left of the stage's budget, and it needs about $need s"
+        return 1
+    fi
+    note "step $name: about $need s, at most $left s"
+    timeout -s INT -k 15 "$left" "$@" &
+    STEP_PID=$!
+    while kill -0 "$STEP_PID" 2>/dev/null; do
+        sleep 2 & wait $!  # interruptible: SIGTERM is handled at once
+        repack_if_changed
+    done
+    wait "$STEP_PID"
+    local status=$?
+    STEP_PID=
+    [ "$status" -eq 124 ] && note "step $name stopped at the stage's budget"
+    pack
     return $status
 }
 
+on_signal() {
+    note "stage $STAGE: $1 received after $((SECONDS - START)) s; packing what is done"
+    [ -n "${STEP_PID:-}" ] && kill -INT "$STEP_PID" 2>/dev/null && wait "$STEP_PID" 2>/dev/null
+    pack
+    exit "$2"
+}
+
+# --------------------------------------------------------------------------- the stages
+
+PYTEST=(-m pytest -q -ra -p no:cacheprovider --durations=15)
+
+stage_preflight() {
+    step preflight 50 "$PYTHON" -m benchmarks.preflight --out "$PREFLIGHT" --nsys_timeout 60
+}
+
+stage_tests-gpu() {
+    # The GPU-only tests (marked gpu: CUDA graphs, no host syncs, DALI on the GPU, the profiling window
+    # and its kernels, a capturable resume) but torch.compile's. SIGINT at the limit: pytest stops and
+    # still prints its summary.
+    step tests-gpu 280 "$PYTHON" "${PYTEST[@]}" -m gpu -k "not compile" --junitxml="$RESULTS/gpu_suite-tests-gpu.xml"
+}
+
+stage_tests-compile() {
+    # torch.compile's GPU tests (reduce-overhead's CUDA graphs through training and validation).
+    if [ "$(preflight_says compile)" = false ]; then
+        note "tests-compile not run: the preflight found no C compiler or no Python.h (see $PREFLIGHT)"
+        return 1
+    fi
+    step tests-compile 160 "$PYTHON" "${PYTEST[@]}" -m gpu -k compile --junitxml="$RESULTS/gpu_suite-tests-compile.xml"
+}
+
+stage_tests-cpu() {
+    # The fast CPU tests under this machine's torch; the Slurm and browser modules have their own CI.
+    step tests-cpu 120 "$PYTHON" "${PYTEST[@]}" -m "not slow and not gpu" --ignore=tests/test_slurm.py \
+        --ignore=tests/test_notebook.py --junitxml="$RESULTS/gpu_suite-tests-cpu.xml"
+}
+
 stage_ladder() {
-    timeout "$STAGE_LIMIT" "$PYTHON" -m benchmarks.ladder --data_dir "$DATA_DIR" --overwrite \
-        --nbatches 15 --ntrials 3 --nwarmup 1
+    # The compile rung skips itself, with the reason, where the preflight's compiler check fails.
+    step ladder 470 "$PYTHON" -m benchmarks.ladder --data_dir "$DATA_DIR" --overwrite --nbatches 15 --ntrials 3 \
+        --nwarmup 1
 }
 
 stage_profiles() {
+    local nsys=(--nsys)  # the profiles tool probes nsys itself when the preflight has not run here
+    [ "$(preflight_says nsys_report)" = false ] && nsys=() && note "profiles without nsys: the preflight saw no report"
     local status=0
-    timeout "$((STAGE_LIMIT - 60))" "$PYTHON" -m benchmarks.profiles --data_dir "$DATA_DIR" --nsys --timeout 240 \
+    step profiles 200 "$PYTHON" -m benchmarks.profiles --data_dir "$DATA_DIR" "${nsys[@]}" --timeout 120 \
         --overwrite || status=1
-    timeout 60 "$PYTHON" -m benchmarks.layers --overwrite || status=1
+    step layers 20 "$PYTHON" -m benchmarks.layers --overwrite || status=1
     return $status
 }
 
@@ -84,49 +179,54 @@ stage_scaling() {
     # 2, 4, ... ranks up to its GPUs, with DDP and with --noddp. On one GPU train.py does not wrap the
     # model in DDP, so the two differ by run-to-run noise only: the baseline multi-GPU overheads are
     # read against.
-    timeout "$STAGE_LIMIT" "$PYTHON" -m benchmarks.scaling --data_dir "$DATA_DIR" --timeout $((STAGE_LIMIT / 2)) \
-        --overwrite
+    step scaling 80 "$PYTHON" -m benchmarks.scaling --data_dir "$DATA_DIR" --timeout 120 --overwrite
 }
 
-if [ "${1:-}" = --plan ]; then
-    shift
-    exec "$PYTHON" -m benchmarks.suite_plan --limit "$STAGE_LIMIT" "$@"
-fi
-stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests ladder profiles scaling)
-for stage in "${stages[@]}"; do
-    case "$stage" in
-        tests|ladder|profiles|scaling) ;;
-        *) echo "gpu_suite.sh: unknown stage '$stage' (tests, ladder, profiles, scaling)" >&2; exit 2 ;;
-    esac
-done
-if ! "$PYTHON" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
-    echo "gpu_suite.sh: error: PyTorch ($PYTHON) sees no CUDA GPU. This suite measures GPUs; on a CPU run" \
-         "'python -m benchmarks.ladder --preset cpu' and 'python -m benchmarks.profiles --preset cpu'." >&2
-    exit 2
-fi
+# --------------------------------------------------------------------------- the command line
 
-mkdir -p "$RESULTS"
-failed=()
-for stage in "${stages[@]}"; do
-    log="$RESULTS/gpu_suite-$stage-$(date -u +%Y-%m-%d).log"
-    note "stage $stage started $(date -u +%FT%TZ); log: $log"
-    {
-        echo "# benchmarks/gpu_suite.sh $stage, $(date -u +%FT%TZ), commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
-        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
-        "$PYTHON" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())'
-    } > "$log"
-    start=$SECONDS
-    "stage_$stage" 2>&1 | tee -a "$log"
-    status=${PIPESTATUS[0]}
-    note "stage $stage ended with status $status after $((SECONDS - start)) s" | tee -a "$log"
-    [ "$status" -eq 0 ] || failed+=("$stage")
-    if [ -n "${OUT:-}" ]; then
-        outputs=("$RESULTS")
-        [ "$stage" = profiles ] && [ -d sample_nsys_profiles ] && outputs+=(sample_nsys_profiles)
-        [ "$stage" = tests ] && outputs=("$RESULTS"/gpu_suite-tests-*)
-        pack "$stage" "${outputs[@]}" || failed+=("pack-$stage")
+case "${1:-}" in
+    --help|-h) usage; exit 0 ;;
+    --plan) shift; exec "$PYTHON" -m benchmarks.suite_plan --limit "$STAGE_LIMIT" "$@" ;;
+    "") echo "gpu_suite.sh: name the stages to run ($STAGES), or --plan for the commands in order," \
+             "or --help." >&2; exit 2 ;;
+esac
+for stage in "$@"; do
+    [[ " $STAGES " == *" $stage "* ]] || { echo "gpu_suite.sh: unknown stage '$stage' ($STAGES; or --plan, --help)" >&2; exit 2; }
+    if [ "$stage" != preflight ] && [ "$stage" != tests-cpu ] && \
+        ! "$PYTHON" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
+        echo "gpu_suite.sh: error: PyTorch ($PYTHON) sees no CUDA GPU, and stage $stage measures one. On a CPU" \
+             "run 'benchmarks/gpu_suite.sh preflight', 'python -m benchmarks.ladder --preset cpu' and" \
+             "'python -m benchmarks.profiles --preset cpu'." >&2
+        exit 2
     fi
 done
+
+mkdir -p "$RESULTS"
+[ -n "${OUT:-}" ] && mkdir -p "$OUT"
+failed=()
+for STAGE in "$@"; do
+    START=$SECONDS
+    budget=${BUDGET[$STAGE]}
+    [ "$budget" -gt "$STAGE_LIMIT" ] && budget=$STAGE_LIMIT
+    DEADLINE=$((START + budget))
+    STAMP=$(mktemp) PACKED=$(mktemp)
+    touch -d '-2 seconds' "$STAMP"  # files written in this second count as the stage's
+    log="$RESULTS/gpu_suite-$STAGE-$(date -u +%Y-%m-%d).log"
+    trap 'on_signal SIGTERM 143' TERM
+    trap 'on_signal SIGINT 130' INT
+    {
+        echo "# benchmarks/gpu_suite.sh $STAGE, $(date -u +%FT%TZ), budget $budget s, commit" \
+             "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
+    } > "$log"
+    note "stage $STAGE started $(date -u +%FT%TZ), budget $budget s; log: $log" | tee -a "$log"
+    "stage_$STAGE" > >(tee -a "$log") 2>&1
+    status=$?
+    note "stage $STAGE ended with status $status after $((SECONDS - START)) s" | tee -a "$log"
+    trap - TERM INT
+    [ "$status" -eq 0 ] || failed+=("$STAGE")
+    pack || failed+=("pack-$STAGE")
+    rm -f "$STAMP" "$PACKED"
+done
 [ ${#failed[@]} -eq 0 ] || { note "failed stages: ${failed[*]}"; exit 1; }
-note "all stages passed: ${stages[*]}"
+note "all stages passed: $*"

@@ -30,6 +30,7 @@ import torch
 import train
 from benchmarks.common import (ROOT, argument_parser, check_preset, claim_files, device_name, device_slug,
                                make_data)
+from benchmarks.preflight import compile_problem
 from benchmarks.trials import run_trials
 from utils import get_data_loader_distributed
 from utils.YParams import load_params
@@ -107,6 +108,32 @@ PRESETS = {
 }
 
 
+def skip_reason(rung):
+    """Why this machine cannot run the rung (None when it can): torch.compile's toolchain."""
+    if "--jit_mode=compile" in rung.options:
+        return compile_problem()
+    return None
+
+
+def warmup_calls(params, graph):
+    """Step calls that must come before timing: train_graph.py's ``graph_warmup_steps`` eager steps,
+    its capture and one replay; torch.compile's first (compiling) call; none otherwise."""
+    if graph:
+        return params.graph_warmup_steps + 2
+    return 1 if params.jit_mode == "compile" else 0
+
+
+def prime(step_fn, loader, move, calls):
+    """Train ``calls`` steps on the loader's first batch, and wait for them: what is left to time is
+    the steady state (benchy's warm-up trials then see replays, not a capture)."""
+    if not calls:
+        return
+    inputs, targets = (move(tensor) for tensor in next(iter(loader)))
+    for _ in range(calls):
+        loss = step_fn(inputs, targets)
+    float(loss)  # waits for the device: the capture and its replay are done
+
+
 def measure_rung(options, script, args, nbatches):
     """Build what `python <script> <options>` would train and time it; returns the trial summary."""
     params = load_params(options)
@@ -117,13 +144,14 @@ def measure_rung(options, script, args, nbatches):
     model = parallelize(train.build_model(params, device), params, World(), device, graph)
     optimizer = build_optimizer(params, model, capturable=graph)
     precision = Precision(params.amp_mode, device, cache=not graph)
-    model = train.compile_model(model, params)
     if graph:
         from train_graph import make_graph_step
         step_fn = make_graph_step(model, optimizer, build_loss(params), precision, params)
     else:
         step_fn = train.default_step(model, optimizer, build_loss(params), precision, params)
     move = functools.partial(train.to_device, device=device, memory_format=train.memory_format(params))
+    # Compilation and capture happen before any trial, never inside a timed one.
+    prime(step_fn, train_loader, move, warmup_calls(params, graph))
     peak, _ = resolve_peak_flops(device, precision_of(params.amp_mode, params.tf32))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -151,7 +179,8 @@ def markdown_table(report):
 
     for run in sorted(report["runs"], key=lambda run: run.get("step", 0)):  # the ladder's order
         if "error" in run:
-            lines.append(f"| {run['name']} | failed: {run['error']} | | | | | |")
+            outcome = run["error"] if run["error"].startswith("skipped") else f"failed: {run['error']}"
+            lines.append(f"| {run['name']} | {outcome} | | | | | |")
             continue
         mfu = run["mfu"] or {}
         lines.append(f"| {run['name']} | {number(run['full'])} | {number(run['synthetic'])} | {number(run['io'])} "
@@ -197,6 +226,12 @@ def main(argv=None):
         if device.type == "cuda":
             torch.cuda.empty_cache()
         entry = {"name": rung.name, "step": rung.step, "script": rung.script, "options": rung.options}
+        skip = skip_reason(rung)
+        if skip:  # one clear line, and the next rung: not a crash of the whole ladder
+            logging.warning("rung %r skipped: %s", rung.name, skip)
+            report["runs"].append({**entry, "error": f"skipped: {skip}"})
+            write_report(base, report)
+            continue
         try:
             nbatches = min(args.nbatches, rung.nbatches or args.nbatches)
             summary = measure_rung(common + rung.options, rung.script, args, nbatches)

@@ -73,13 +73,15 @@ def written_here(name):
 
 # ----------------------------------------------------------------------------- reading a trace
 
-def summarise_trace(trace, steps):
+def summarise_trace(trace, steps, cuda=False):
     """Mean milliseconds per step of each phase; on a GPU also the busiest kernels.
 
     ``trace`` is the Chrome-trace dict the torch profiler writes. Phases are the ``annotate``
-    ranges of train.py (CPU-side: when the host issued the work). Kernel times are device-side;
-    ``device_busy`` is the kernels' summed time over the profiled window's wall time (kernels of
-    several streams can overlap, so it is an upper bound on the busy share).
+    ranges of train.py (CPU-side: when the host issued the work). Kernel times are device-side,
+    and so is ``device_busy``: :func:`device_busy` of the kernels, measured on the GPU's own
+    timeline (the host's ranges end long before the kernels they launch, by a whole step or more
+    when the host runs ahead or replays a CUDA graph). A ``cuda`` trace without kernels gets an
+    ``error``: a profile that shows no device work is a result to report, not one to pass.
     """
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     phases = collections.defaultdict(float)
@@ -93,8 +95,6 @@ def summarise_trace(trace, steps):
 
     kernels = [e for e in events if e.get("cat") == "kernel"]
     if kernels:
-        window = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("step ")]
-        wall = (max(e["ts"] + e["dur"] for e in window) - min(e["ts"] for e in window)) if window else None
         per_name = collections.defaultdict(lambda: [0.0, 0])
         for event in kernels:
             per_name[event["name"]][0] += event["dur"]
@@ -103,11 +103,31 @@ def summarise_trace(trace, steps):
         top = sorted(per_name.items(), key=lambda item: -item[1][0])[:12]
         summary.update({
             "kernel_ms_per_step": round(total / 1e3 / steps, 3),
-            "device_busy": round(total / wall, 3) if wall else None,
+            "device_busy": round(device_busy(kernels), 3),
             "top_kernels": [{"name": name[:160], "share": round(duration / total, 4), "calls": calls,
                              "ms_per_step": round(duration / 1e3 / steps, 3)} for name, (duration, calls) in top],
         })
+    elif cuda:
+        summary["error"] = NO_KERNELS
     return summary
+
+
+def device_busy(kernels):
+    """The share of the GPU timeline from the first kernel's start to the last kernel's end in which
+    at least one kernel runs: the union of the kernels' intervals (kernels of several streams that
+    overlap count once) over that span. At most 1 by construction."""
+    intervals = sorted((event["ts"], event["ts"] + event["dur"]) for event in kernels)
+    busy, end = 0.0, intervals[0][0]
+    for start, stop in intervals:
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    span = end - intervals[0][0]
+    return busy / span if span > 0 else 1.0
+
+
+NO_KERNELS = ("the profiler saw no CUDA kernels in the window (CUPTI cannot trace on this machine, or the "
+              "steps ran elsewhere): no device times; see the trace")
 
 
 # ----------------------------------------------------------------------------- running a rung
@@ -201,7 +221,7 @@ def profile_rung(rung, preset, args, common, work_dir, device, nsys=None, nsys_e
     entry["file"] = f"{slug}.pt.trace.json.gz"
     with open(trace_path, "rb") as source, gzip.open(os.path.join(args.out_dir, entry["file"]), "wb") as target:
         shutil.copyfileobj(source, target)
-    entry.update(summarise_trace(trace, steps))
+    entry.update(summarise_trace(trace, steps, cuda="--device=cuda" in preset["options"]))
 
     if args.nsys:
         if nsys is None:
@@ -239,7 +259,7 @@ def write_readme(out_dir, entries, title, command, date):
              "|---|---|---|---|---|---|"]
     for entry in entries:
         if "error" in entry:
-            lines.append(f"| (none) | {entry['rung']}: {entry['what']} | {entry['device']} | {entry['date']} | "
+            lines.append(f"| {'`' + entry['file'] + '`' if 'file' in entry else '(none)'} | {entry['rung']}: {entry['what']} | {entry['device']} | {entry['date']} | "
                          f"failed: {entry['error']} | |")
             continue
         phases = entry["phase_ms_per_step"]
@@ -306,4 +326,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    # A rung that failed, or whose trace holds no kernels, is reported in the folder and in the status.
+    raise SystemExit(1 if any("error" in entry for entry in main()) else 0)

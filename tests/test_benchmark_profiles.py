@@ -26,6 +26,7 @@ def test_cpu_preset_keeps_a_trace_per_rung_and_lists_its_command(tmp_path, synth
     assert steps == ["step 6", "step 7"]  # 6 steps an epoch (2 + 4): the window opens with the second
     assert {"forward", "backward", "optimizer"} <= set(entry["phase_ms_per_step"])
     assert all(value > 0 for value in entry["phase_ms_per_step"].values())
+    assert profiles.summarise_trace(trace, 2, cuda=True)["error"] == profiles.NO_KERNELS  # as if from a GPU
 
     index = json.loads((out_dir / "profiles.json").read_text())
     assert index["command"].startswith("python -m benchmarks.profiles --preset cpu") and index["profiles"] == [entry]
@@ -47,8 +48,34 @@ def test_gpu_trace_summary_from_known_kernels():
                    {"ph": "X", "cat": "kernel", "name": "adam", "ts": start + 7_000, "dur": 2_000}]
     summary = profiles.summarise_trace({"traceEvents": events}, steps=2)
     assert summary["phase_ms_per_step"] == {"step": 10.0, "forward": 4.0}
-    assert summary["kernel_ms_per_step"] == 8.0 and summary["device_busy"] == 0.8
+    # Busy on the GPU's timeline: 16 ms of kernels from the first one's start (0.1 ms) to the last one's
+    # end (19 ms), whatever the host's ranges say.
+    assert summary["kernel_ms_per_step"] == 8.0 and summary["device_busy"] == round(16_000 / 18_900, 3)
     assert [(k["name"], k["share"], k["calls"]) for k in summary["top_kernels"]] == [("conv", 0.75, 2), ("adam", 0.25, 2)]
+
+
+def test_device_busy_is_the_union_of_kernel_intervals_on_the_gpu_timeline():
+    # Two streams overlap (0-4 and 2-6 ms: 6 ms busy, not 8), then a gap of 2 ms, then 2 ms: 8 of 10 ms.
+    kernels = [{"ts": 0, "dur": 4_000}, {"ts": 2_000, "dur": 4_000}, {"ts": 8_000, "dur": 2_000},
+               {"ts": 8_500, "dur": 500}]  # inside the one before it: adds nothing
+    assert profiles.device_busy(kernels) == 0.8
+    # A CUDA graph replayed from a host range of 0.1 ms while its kernels run for 10 ms back to back:
+    # the host span would make this 10000 %, the GPU timeline says 100 %.
+    replay = [{"ph": "X", "cat": "user_annotation", "name": "step 0", "ts": 0, "dur": 100}] + [
+        {"ph": "X", "cat": "kernel", "name": f"k{i}", "ts": 50 + 1_000 * i, "dur": 1_000} for i in range(10)]
+    assert profiles.summarise_trace({"traceEvents": replay}, steps=1)["device_busy"] == 1.0
+
+
+def test_a_gpu_trace_without_kernels_is_reported_not_passed(tmp_path):
+    """A GPU run whose trace holds no kernel (CUPTI traced nothing) is an error entry that keeps its trace."""
+    trace = {"traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "step 8", "ts": 0, "dur": 10}]}
+    assert "error" not in profiles.summarise_trace(trace, steps=1)  # a CPU run: no kernels expected
+    entry = {"rung": "baseline", "what": "w", "device": "NVIDIA H100", "date": "d", "command": "c",
+             "file": "baseline.pt.trace.json.gz", **profiles.summarise_trace(trace, steps=1, cuda=True)}
+    assert entry["error"] == profiles.NO_KERNELS
+    profiles.write_readme(str(tmp_path), [entry], "t", "c", "d")
+    readme = (tmp_path / "README.md").read_text()
+    assert "| `baseline.pt.trace.json.gz` | baseline: w |" in readme and "saw no CUDA kernels" in readme
 
 
 FAKE_NSYS = """#!/bin/sh

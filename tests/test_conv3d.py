@@ -68,3 +68,33 @@ def test_gpu_convolutions_off_cudnn_warn_even_when_the_table_does_not_know_why(m
 def test_a_healthy_gpu_setup_is_quiet(monkeypatch):
     fake_gpu(monkeypatch, "2.11.0+cu130", 91700, ("Cudnn", "CudnnTranspose"))
     assert check_conv3d(torch.device("cuda"), "bf16", True) == []
+
+
+def layout_dependent_backends(monkeypatch, contiguous, channels_last):
+    """A PyTorch 2.9-like dispatcher whose fallback applies to contiguous tensors only."""
+    def backends(device, dtype, memory_format=torch.contiguous_format):
+        return channels_last if memory_format == torch.channels_last_3d else contiguous
+    monkeypatch.setattr(conv3d, "conv_backends", backends)
+
+
+def test_a_known_bad_pair_is_quiet_when_the_runs_layout_stays_on_cudnn(monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    fake_gpu(monkeypatch, "2.9.0+cu130", 91300, None)
+    layout_dependent_backends(monkeypatch, ("SlowDilated3d", "SlowTranspose3d"), ("Cudnn", "CudnnTranspose"))
+    assert check_conv3d(torch.device("cuda"), "bf16", True, channels_last=True) == []
+    assert "run on Cudnn (transposed: CudnnTranspose), layout channels_last_3d" in caplog.text
+    warnings = check_conv3d(torch.device("cuda"), "bf16", True, channels_last=False)
+    assert len(warnings) == 2 and "PyTorch 2.9.0 turns cuDNN off" in warnings[0]
+    assert "--channels_last is the cheapest fix" in warnings[1]
+
+
+def test_the_transposed_probe_asks_in_the_runs_layout(monkeypatch):
+    asked = []
+
+    def select(x, weight, *args):
+        asked.append((args[4], x.is_contiguous(memory_format=torch.channels_last_3d),
+                      weight.is_contiguous(memory_format=torch.channels_last_3d)))
+        return torch._C._ConvBackend.Cudnn
+    monkeypatch.setattr(torch._C, "_select_conv_backend", select)
+    conv3d.conv_backends(torch.device("cpu"), torch.float32, torch.channels_last_3d)
+    assert asked == [(False, True, True), (True, True, True)]  # Conv3d, then ConvTranspose3d

@@ -6,7 +6,7 @@ import torch
 
 from utils import get_data_loader_distributed, symmetry
 from utils.YParams import YParams
-from utils.data_loader import CropSampler, build_dataset
+from utils.data_loader import CropSampler, build_dataset, fit_workers_to_shm, get_data_loaders
 
 KINDS = ("synthetic", "inmem", "lowmem")
 
@@ -135,3 +135,28 @@ def test_synthetic_samples_are_new_random_numbers_for_every_sample(data_files):
     assert abs(inputs.mean().item()) < 0.01 and abs(inputs.std().item() - 1) < 0.01  # normal(0, 1)
     second, _ = first_batch(loader)
     torch.testing.assert_close(second, inputs, rtol=0, atol=0)  # and the same for the same key
+
+
+def test_workers_and_prefetch_are_capped_to_fit_dev_shm():
+    batch = 64 * 9 * 64**3 * 4  # 604 MB: the GPU ladder's lowmem batch
+    assert fit_workers_to_shm(8, batch, 1, free=64 * 10**9) == (8, 2)  # 9.7 GB in flight, 32 GB of room
+    assert fit_workers_to_shm(8, batch, 1, free=16 * 10**9) == (8, 1)  # 8 GB of room: the prefetch halves first
+    assert fit_workers_to_shm(8, batch, 4, free=16 * 10**9) == (3, 1)  # four ranks share it: 2 GB each
+    assert fit_workers_to_shm(8, batch, 1, free=10**9) == (0, None)    # not one batch: the main process loads
+    assert fit_workers_to_shm(8, batch, 1, free=None) == (8, 2)        # no /dev/shm to measure
+    assert fit_workers_to_shm(0, batch, 1, free=10**9) == (0, None)
+
+
+def test_on_a_gpu_lowmem_workers_start_from_a_forkserver_and_inmem_ones_fork(data_files):
+    """pin_memory (a GPU run) makes lowmem's workers start from a forkserver, which never holds a CUDA
+    context; their batches are the forked workers' (run here for real, on the CPU)."""
+    params = make_params(data_files, data_loader_config="lowmem", num_data_workers=2)
+    forked, _ = get_data_loaders(params, 0, 1, pin_memory=False)
+    served, _ = get_data_loaders(params, 0, 1, pin_memory=True)
+    assert forked.multiprocessing_context is None
+    assert served.multiprocessing_context.get_start_method() == "forkserver"
+    for (x, y), (x_served, y_served) in zip(forked, served):
+        assert torch.equal(x, x_served) and torch.equal(y, y_served)
+    inmem, _ = get_data_loaders(make_params(data_files, data_loader_config="inmem", num_data_workers=2), 0, 1,
+                                pin_memory=True)
+    assert inmem.multiprocessing_context is None  # fork: the volumes are shared, not copied per worker

@@ -135,6 +135,19 @@ def test_shapes_dtype_and_validation_without_augmentation(h5_with_npy):
 
 
 @needs_dali
+def test_channels_last_batches_are_the_same_values_stored_channels_last(h5_with_npy):
+    """--channels_last leaves the pipeline's transpose out: the batch is a channels_last_3d view of
+    DALI's channel-last buffer, which train.py's move to that layout does not copy."""
+    first, last = (get_data_loader_distributed(make_params(h5_with_npy, channels_last=channels_last), 0,
+                                               torch.device("cpu"))[0] for channels_last in (False, True))
+    for (x, y), (x_last, y_last) in zip(epoch_batches(first, 1), epoch_batches(last, 1)):
+        for expected, actual in ((x, x_last), (y, y_last)):
+            assert actual.is_contiguous(memory_format=torch.channels_last_3d) and not actual.is_contiguous()
+            assert_bits_equal(actual.numpy(), expected.numpy())
+            assert actual.to("cpu", memory_format=torch.channels_last_3d).data_ptr() == actual.data_ptr()
+
+
+@needs_dali
 def test_resume_and_ranks(h5_with_npy):
     full, _ = get_data_loader_distributed(make_params(h5_with_npy), 0, None)
     batches = epoch_batches(full, 5)

@@ -106,6 +106,21 @@ def test_bfloat16_storage_returns_float32_batches_of_rounded_values(data_files):
     assert torch.equal(x16, x32.bfloat16().float()) and torch.equal(y16, y32.bfloat16().float())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_channels_last_batches_are_the_same_values_stored_channels_last(data_files, dtype):
+    """With --channels_last the batches come stored as channels_last_3d, so that train.py's move to
+    that layout copies nothing; every value is the channel-first loader's, bit for bit."""
+    loaders = [get_data_loader_distributed(make_params(data_files, channels_last=last, gpu_inmem_dtype=dtype), 0,
+                                           None)[0] for last in (False, True)]
+    for (x, y), (x_last, y_last) in zip(epoch_batches(loaders[0], 2), epoch_batches(loaders[1], 2)):
+        for first, last in ((x, x_last), (y, y_last)):
+            assert last.is_contiguous(memory_format=torch.channels_last_3d) and not last.is_contiguous()
+            assert last.shape == first.shape and last.dtype == torch.float32
+            assert_bits_equal(last.numpy(), first.numpy())
+            moved = last.to("cpu", memory_format=torch.channels_last_3d)  # train.py's to_device
+            assert moved.data_ptr() == last.data_ptr()
+
+
 def test_set_epoch_with_start_resumes_exactly(data_files):
     train_loader, _ = get_data_loader_distributed(make_params(data_files), 0, None)
     full = epoch_batches(train_loader, 2)

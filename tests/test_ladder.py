@@ -1,5 +1,6 @@
 """benchmarks/ladder.py runs its rungs with train.py's own builders and writes the result files;
 benchmarks/gpu_suite.sh, which runs it on a GPU, refuses a machine without one."""
+import argparse
 import json
 import os
 import subprocess
@@ -8,6 +9,7 @@ import sys
 import pytest
 import torch
 
+import train
 from benchmarks import ladder
 from conftest import ROOT
 
@@ -51,3 +53,35 @@ def test_the_suite_collects_where_only_the_runtime_requirements_are(tmp_path):
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-3000:]
     assert "tests/test_notebook.py" in result.stdout and "skipped" in result.stdout.lower()
+
+
+def test_a_graph_rung_captures_before_the_first_timed_trial(tmp_path, synthetic_data_dir, monkeypatch):
+    """train_graph.py's rung warms up graph_warmup_steps steps and captures before any trial starts
+    (the ladder's trials are shorter than the warm-up). The CUDA graph itself needs a GPU: here a
+    recording stand-in of its step, built by the same call, counts the calls made before timing."""
+    import train_graph
+    events = []
+
+    def recording_graph_step(model, optimizer, loss_fn, precision, params):
+        calls = 0
+
+        def step(inputs, targets):
+            nonlocal calls
+            calls += 1
+            events.append("eager" if calls <= params.graph_warmup_steps else
+                          "capture" if calls == params.graph_warmup_steps + 1 else "replay")
+            return train.train_step(train.training_loss(model, loss_fn, params), optimizer, precision, inputs,
+                                    targets)
+        return step
+
+    def recording_trials(step_fn, *args, **kwargs):
+        events.append("trials start")
+        return {}
+
+    monkeypatch.setattr(train_graph, "make_graph_step", recording_graph_step)
+    monkeypatch.setattr(ladder, "run_trials", recording_trials)
+    train_path, val_path = (synthetic_data_dir / f"synthetic_{name}.h5" for name in ("train", "valid"))
+    options = ["--config=test", f"--train_path={train_path}", f"--val_path={val_path}", "--device=cpu",
+               "--data_loader_config=gpu-inmem", "--graph_warmup_steps=5", "--checkpoint=false"]
+    ladder.measure_rung(options, "train_graph.py", argparse.Namespace(ntrials=3, nwarmup=1), nbatches=3)
+    assert events == ["eager"] * 5 + ["capture", "replay", "trials start"]

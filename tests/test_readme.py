@@ -305,8 +305,9 @@ def check_precision(scratch, output):
 
 
 def check_plan(scratch, output):
-    assert re.findall(r"^stage (\w+): about \d+ s of 540 s \(fits\)$", output, flags=re.M) == \
-        ["tests", "ladder", "profiles", "scaling"]
+    assert re.findall(r"^ *\d+\. stage ([\w-]+): budget \d+ s, about \d+ s(?:; carry \S+)? \(fits\)$", output,
+                      flags=re.M) == \
+        ["preflight", "tests-gpu", "tests-compile", "tests-cpu", "ladder", "profiles", "scaling"]
 
 
 def check_profiles(scratch, output):

@@ -44,7 +44,7 @@ def test_a_run_logs_what_users_expect(data_files, tmp_path):
                     r"rank 0, begin data loader init\n.*rank 0, data loader initialized with config inmem\n",
                     r"Starting Training Loop...\n", r"DONE ---- rank 0\n$",  # the original tutorial's lines
                     r"3-D convolutions: torch \S+, CUDA \S+, cuDNN none; fp32 convolutions run on \w+ "
-                    r"\(transposed: [^)]+\)\n"):  # the health check (utils/conv3d.py)
+                    r"\(transposed: [^)]+\), layout contiguous\n"):  # the health check (utils/conv3d.py)
         assert re.search(pattern, log), pattern
     assert f"Configuration file: {ROOT}/config/UNet.yaml\n" in log
     assert "Preview image:" in result.stdout and "TensorBoard logs:" in result.stdout
@@ -177,3 +177,48 @@ def test_demo_config_trains_on_any_pair_of_files(data_files, tmp_path):
     run_train(["--config=demo", f"--train_path={data_files['train']}", f"--val_path={data_files['valid']}",
                f"--expdir={tmp_path}", "--Nsamples=16", "--Nsamples_val=8", "--num_epochs=1", "--device=cpu"])
     assert (tmp_path / "demo" / "1CPU" / "00" / "checkpoint.pt").exists()
+
+
+def test_compile_makes_model_and_loss_one_function_and_validation_marks_each_batch(monkeypatch):
+    """--jit_mode=compile: the step compiles model and loss as ONE function (two compiled apart lose the
+    model's output to its next CUDA-graph replay, pytorch#160281), and validation starts a new
+    CUDA-graph step before every batch. What torch.compile is given is recorded here; the compiled
+    function then runs for real (Inductor on the CPU) and matches the eager loss and gradients."""
+    import importlib
+
+    import train
+    from utils.YParams import load_params
+    from utils.losses import build_loss, l1_loss
+    from utils.optim import Precision
+
+    compiled = []
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, mode: compiled.append((fn, mode)) or real_compile(fn, mode=mode))
+    params = load_params(["--config=test", "--jit_mode=compile", "--compile_mode=reduce-overhead"])
+    torch.manual_seed(0)
+    model = torch.nn.Conv3d(4, 5, 3, padding=1)
+    loss_fn = build_loss(params)
+    assert loss_fn.func is l1_loss  # not compiled apart
+    forward_loss = train.training_loss(model, loss_fn, params)
+    [(function, mode)] = compiled
+    assert mode == "reduce-overhead" and function.__name__ == "forward_loss"
+    inputs, targets = torch.randn(2, 4, 8, 8, 8), torch.randn(2, 5, 8, 8, 8)
+    loss = forward_loss(inputs, targets)
+    loss.backward()
+    compiled_grad = model.weight.grad.clone()
+    model.weight.grad = None
+    eager = loss_fn(model(inputs), targets)
+    eager.backward()
+    torch.testing.assert_close(loss, eager)
+    torch.testing.assert_close(compiled_grad, model.weight.grad)
+
+    # Validation: a mark before every batch's model call, once CUDA-graph trees are in use (their module
+    # imported, as a compilation with CUDA graphs does on a GPU; on the CPU Inductor records none).
+    importlib.import_module("torch._inductor.cudagraph_trees")
+    events = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: events.append("new step"))
+    model.register_forward_hook(lambda *args: events.append("model"))
+    loader = [(inputs, targets)] * 3
+    world = train.read_world()
+    train.validate(model, loader, loss_fn, Precision("none", torch.device("cpu")), lambda x: x, world)
+    assert events == ["new step", "model"] * 3

@@ -24,7 +24,7 @@ def test_without_cuda_it_stops_with_a_message_and_writes_nothing(data_files, tmp
 
 def test_train_graph_is_train_py_with_another_step():
     source = open(os.path.join(ROOT, "train_graph.py")).read()
-    assert "from train import main, train_step" in source
+    assert "from train import main, train_step, training_loss" in source
     assert "def train_one_epoch" not in source and "def validate" not in source  # shared, not copied
 
 

@@ -3,9 +3,11 @@
 Some PyTorch and cuDNN releases quietly take the fast path away from 3-D convolutions: a run in
 such an environment trains correctly but several times slower, and nothing says why. The check
 logs one line with the versions and the backend the configured precision's convolutions actually
-use (PyTorch's own dispatch, asked for the U-Net's first layer and a transposed one), and warns,
-with the fix, when the combination is a known bad one (:data:`KNOWN_ISSUES`) or when a GPU's
-convolutions do not run on cuDNN.
+use in the run's memory layout (PyTorch's own dispatch, asked for the U-Net's first layer and a
+transposed one), and warns, with the fix, when a GPU's convolutions do not run on cuDNN: with the
+reason from :data:`KNOWN_ISSUES` where the versions are a known bad pair. The dispatcher has the
+last word: PyTorch 2.9's fallback applies to contiguous tensors only, so a run with
+``--channels_last`` keeps cuDNN on such a pair, and then nothing is wrong.
 """
 import logging
 import re
@@ -80,15 +82,19 @@ def conv_backends(device, dtype, memory_format=torch.contiguous_format):
     """PyTorch's choice of backend for the U-Net's convolutions: (Conv3d, ConvTranspose3d) names.
 
     Asked of the dispatcher (``torch._C._select_conv_backend``) for a first-layer-sized Conv3d
-    (kernel 4, stride 2, padding 1) and its transposed twin, as autocast would pass them.
+    (kernel 4, stride 2, padding 1) and its transposed twin, as autocast would pass them: inputs
+    and weights both in ``memory_format``, the layout the run trains in. Nothing is computed, so
+    the probe takes microseconds whatever cuDNN's benchmarking would cost.
     """
-    x = torch.empty(1, 4, 8, 8, 8, device=device, dtype=dtype).to(memory_format=memory_format)
-    weight = torch.empty(8, 4, 4, 4, 4, device=device, dtype=dtype).to(memory_format=memory_format)
+    def tensor(*shape):
+        return torch.empty(*shape, device=device, dtype=dtype).to(memory_format=memory_format)
+
+    weight = tensor(8, 4, 4, 4, 4)  # (out, in) for Conv3d; (in, out) for ConvTranspose3d
     names = []
     for transposed in (False, True):
+        x = tensor(1, 8, 8, 8, 8) if transposed else tensor(1, 4, 8, 8, 8)
         try:
-            backend = torch._C._select_conv_backend(x if not transposed else x.new_empty(1, 8, 8, 8, 8),
-                                                    weight, None, [2] * 3, [1] * 3, [1] * 3, transposed,
+            backend = torch._C._select_conv_backend(x, weight, None, [2] * 3, [1] * 3, [1] * 3, transposed,
                                                     [0] * 3, 1, None)
             names.append(str(backend).rsplit(".", 1)[-1].replace("???", f"backend #{int(backend)}"))  # unbound names
         except (AttributeError, RuntimeError, TypeError):  # a private API: absent or changed
@@ -99,23 +105,39 @@ def conv_backends(device, dtype, memory_format=torch.contiguous_format):
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def check_conv3d(device, amp_mode, tf32, channels_last=False):
-    """Log the versions and the convolution backends; warn with the fix where they are known to be slow.
+def on_cudnn(backends):
+    """Whether the dispatcher put both kinds of convolution on cuDNN (None: it did not say)."""
+    if "unknown" in backends:
+        return None
+    return all(name.startswith("Cudnn") for name in backends)
 
+
+def check_conv3d(device, amp_mode, tf32, channels_last=False):
+    """Log the versions and the convolution backends; warn with the fix where they are slow.
+
+    The warning's reason comes from :data:`KNOWN_ISSUES` only when the dispatcher does not report
+    cuDNN for the layout the run uses (or cannot be asked): a known bad pair whose fallback
+    spares this layout costs nothing. A contiguous run that is off cuDNN where channels_last_3d
+    is on it is told so: ``--channels_last`` is then the cheapest fix.
     Returns the warnings (empty when all is well), for the caller to keep (the ladder stores them).
     """
     precision = precision_of(amp_mode, tf32 and device.type == "cuda")  # TF32 exists on GPUs only
     cudnn = torch.backends.cudnn.version() if device.type == "cuda" else None
+    dtype = AMP_DTYPES.get(amp_mode, torch.float32)
     memory_format = torch.channels_last_3d if channels_last else torch.contiguous_format
-    forward, transposed = conv_backends(device, AMP_DTYPES.get(amp_mode, torch.float32), memory_format)
-    logging.info("3-D convolutions: torch %s, CUDA %s, cuDNN %s; %s convolutions run on %s (transposed: %s)",
-                 torch.__version__, torch.version.cuda or "none", cudnn_text(cudnn), precision, forward, transposed)
+    backends = conv_backends(device, dtype, memory_format)
+    logging.info("3-D convolutions: torch %s, CUDA %s, cuDNN %s; %s convolutions run on %s (transposed: %s), "
+                 "layout %s", torch.__version__, torch.version.cuda or "none", cudnn_text(cudnn), precision,
+                 *backends, "channels_last_3d" if channels_last else "contiguous")
+    if device.type != "cuda" or on_cudnn(backends):
+        return []
     warnings = [f"{issue.problem}. {issue.fix}. ({issue.source})"
                 for issue in known_issues(torch.__version__, cudnn, precision)]
-    if device.type == "cuda" and not all(name.startswith("Cudnn") for name in (forward, transposed)) \
-            and "unknown" not in (forward, transposed) and not warnings:
-        warnings.append(f"{precision} 3-D convolutions run on {forward}/{transposed}, not on cuDNN: expect "
+    if on_cudnn(backends) is False and not warnings:
+        warnings.append(f"{precision} 3-D convolutions run on {backends[0]}/{backends[1]}, not on cuDNN: expect "
                         f"them to be several times slower. {FIX_CUDNN}, and check torch.backends.cudnn.enabled.")
+    if warnings and not channels_last and on_cudnn(conv_backends(device, dtype, torch.channels_last_3d)):
+        warnings.append("In channels_last_3d they do run on cuDNN here: --channels_last is the cheapest fix.")
     for text in warnings:
         logging.warning("3-D convolutions are slow here: %s", text)
     return warnings

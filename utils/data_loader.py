@@ -8,6 +8,10 @@ A sample is a random ``crop_size``^3 window, the same for input (``Nbody``, 4 ch
 - ``inmem``: both volumes read into memory once; workers share them (fork, copy-on-write).
 - ``lowmem``: each crop read from the HDF5 file when needed; each worker opens its own handle.
 
+Workers pass their batches through /dev/shm: their number and prefetch are capped to fit its free
+space (:func:`fit_workers_to_shm`), and on a GPU lowmem's start from a forkserver, never from a
+process that holds a CUDA context (:func:`worker_context`).
+
 Reproducibility: which crop and which symmetry element a sample gets is a pure function of
 (seed, split, epoch, index), drawn by :meth:`CropSpec.draw`. The sampler hands out
 ``(epoch, index)`` keys, split over ranks by :class:`~torch.utils.data.DistributedSampler`, so
@@ -18,7 +22,10 @@ same crops at every pass (epoch key 0, no augmentation), so its losses compare a
 Signals: the worker processes leave SIGTERM and SIGUSR1 to the main process, even when the batch
 system sends them to every process of the job (:class:`utils.signals.ShieldedDataLoader`).
 """
+import logging
+import multiprocessing
 import os
+import shutil
 from dataclasses import dataclass
 
 import h5py
@@ -238,10 +245,65 @@ def build_dataset(params, path, num_samples, split, augment):
     return (InMemoryDataset if kind == "inmem" else LowMemDataset)(spec, num_samples, path)
 
 
+SHM = "/dev/shm"
+PREFETCH_FACTOR = 2  # torch's default: batches each worker keeps ready
+
+
+def shm_free_bytes(path=SHM):
+    """Free bytes in the shared-memory filesystem that worker processes pass their batches through
+    (None where there is none: then torch falls back to files)."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def fit_workers_to_shm(workers, batch_bytes, ranks_here, free):
+    """``(workers, prefetch_factor)`` whose batches in flight fit in /dev/shm.
+
+    Each worker keeps ``prefetch_factor`` batches ready in shared memory: 8 workers x 2 batches of a
+    64-sample, 64^3 crop batch (604 MB) hold 9.7 GB, times the ranks of the node. Half of the free
+    space is shared among ``ranks_here`` (the rest is for the pinned copies' staging and whatever
+    else uses /dev/shm); the prefetch goes down to 1 first, then the workers. ``free`` None: no limit.
+    """
+    prefetch = PREFETCH_FACTOR
+    if not workers or free is None:
+        return workers, prefetch if workers else None
+    room = free // 2 // max(1, ranks_here)
+    while workers and workers * prefetch * batch_bytes > room:
+        if prefetch > 1:
+            prefetch -= 1
+        else:
+            workers -= 1
+    return workers, prefetch if workers else None
+
+
+def worker_context(kind, pin_memory, workers):
+    """How worker processes start. On a GPU, lowmem and synthetic workers start from a forkserver
+    that has imported this module and never touched CUDA, so that no worker is forked from a
+    process holding a CUDA context (and the forkserver's imports make each start cheap). inmem keeps
+    fork: its workers share the in-memory volumes copy-on-write, which any other start method would
+    copy into every worker; they run numpy and h5py only, never CUDA."""
+    if not (pin_memory and workers) or kind == "inmem":
+        return None
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["utils.data_loader"])
+    return context
+
+
 def get_data_loaders(params, world_rank, world_size, pin_memory):
     """Training and validation loaders yielding ``(input, target)`` of shape (B, 4|5, S, S, S)."""
     local_batch_size = params.global_batch_size // world_size
-    workers = params.num_data_workers
+    batch_bytes = local_batch_size * (params.N_in_channels + params.N_out_channels) * params.crop_size**3 * 4
+    # Ranks of this node: one per GPU on a GPU, all of them on a CPU machine.
+    ranks_here = min(world_size, torch.cuda.device_count()) if pin_memory else world_size
+    free = shm_free_bytes()
+    workers, prefetch = fit_workers_to_shm(params.num_data_workers, batch_bytes, ranks_here, free)
+    if workers != params.num_data_workers or (workers and prefetch != PREFETCH_FACTOR):
+        logging.warning("%d workers x %d batches of %.0f MB would not fit in %s (%.1f GB free, %d rank(s) here): "
+                        "using %d worker(s) x %s batch(es) in flight", params.num_data_workers, PREFETCH_FACTOR,
+                        batch_bytes / 1e6, SHM, free / 1e9, ranks_here, workers, prefetch or 0)
+    context = worker_context(params.data_loader_config, pin_memory, workers)
     loaders = []
     for path, num_samples, split in ((params.train_path, params.Nsamples, TRAIN_SPLIT),
                                      (params.val_path, params.Nsamples_val, VALID_SPLIT)):
@@ -253,6 +315,8 @@ def get_data_loaders(params, world_rank, world_size, pin_memory):
             batch_size=local_batch_size,
             sampler=sampler,
             num_workers=workers,
+            prefetch_factor=prefetch,
+            multiprocessing_context=context,
             pin_memory=pin_memory,  # page-locked buffers: faster, asynchronous copies to the GPU
             persistent_workers=workers > 0,  # keep workers (and their open files) between epochs
             drop_last=is_train,  # every training step sees a full batch

@@ -27,7 +27,9 @@ The pipeline, per sample (input and target alike, with the SAME crop and element
    data, since every product is by 0 or +-1, except that an exact zero comes out as +0.0 where
    numpy's negation gives -0.0 (equal as numbers); an infinite value would spread NaN to the
    other channels of its voxel (0 * inf), which data scaled into (-1, 1) never has.
-5. ``fn.transpose`` puts the channels first: (C, D, H, W), the model's layout.
+5. ``fn.transpose`` puts the channels first: (C, D, H, W), the model's layout. With
+   ``--channels_last`` it is left out: the batch is handed over as a (B, C, D, H, W) view of the
+   channel-last buffer (channels_last_3d), the layout the model then trains in.
 
 Which crop and element a sample gets comes from the native loader's own rule,
 :meth:`utils.data_loader.CropSpec.draw` on the keys of a
@@ -175,10 +177,13 @@ class DaliCropLoader:
     :class:`CropSpec`) supplies the crop size, the group of elements, the channel counts and vector
     triplets of input and target, and ``draw(key)``; ``sampler`` (a :class:`CropSampler`) this
     rank's keys and ``set_epoch(epoch, start)``.
-    ``device_id`` is the CUDA device, None for DALI's CPU-only mode.
+    ``device_id`` is the CUDA device, None for DALI's CPU-only mode; ``channels_last`` hands the
+    batches over stored channels-last.
     """
 
-    def __init__(self, paths, spec, sampler, batch_size, drop_last, device_id, num_threads, seed):
+    def __init__(self, paths, spec, sampler, batch_size, drop_last, device_id, num_threads, seed,
+                 channels_last=False):
+        self.channels_last = channels_last
         self.paths = paths
         self.spec = spec
         self.sampler = sampler
@@ -252,7 +257,7 @@ class DaliCropLoader:
                     volume = fn.warp_affine(volume, matrix=warp, interp_type=types.INTERP_NN)
                 if index in self.vector_outputs:
                     volume = fn.coord_transform(volume, M=extra.pop(0))
-                outputs.append(fn.transpose(volume, perm=[3, 0, 1, 2]))
+                outputs.append(volume if self.channels_last else fn.transpose(volume, perm=[3, 0, 1, 2]))
             pipeline.set_outputs(*outputs)
         pipeline.build()
         return pipeline
@@ -284,6 +289,8 @@ class DaliCropLoader:
     def _batches(self, count):
         for _ in range(count):
             inputs, targets = self.run_pipeline()
+            if self.channels_last:  # (B, D, H, W, C) as a (B, C, D, H, W) view: channels_last_3d strides
+                inputs, targets = inputs.permute(0, 4, 1, 2, 3), targets.permute(0, 4, 1, 2, 3)
             real = min(self.batch_size, self.sampler.num_samples - self._next[1])
             self._next = self.next_position(*self._next)
             yield inputs[:real], targets[:real]
@@ -316,5 +323,5 @@ def get_data_loaders(params, world_rank, world_size, device=None):
         seed = int(np.random.SeedSequence((params.seed, split, world_rank)).generate_state(1)[0])
         loaders.append(DaliCropLoader(paths, spec, sampler, local_batch_size, drop_last=is_train,
                                       device_id=device_id, num_threads=max(1, params.num_data_workers),
-                                      seed=seed))
+                                      seed=seed, channels_last=params.channels_last))
     return tuple(loaders)

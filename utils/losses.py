@@ -5,8 +5,9 @@ Hydro channel 0 is a log-density whose physical value is ``exp(14 x)``; ``lambda
 
 ``jit_mode`` picks how the loss runs: eagerly (``none``), as a TorchScript function whose
 element-wise operations the fuser combines into fewer kernels (``script``: the original tutorial's
-``--enable_jit``), or compiled by ``torch.compile`` (``compile``: the modern path, which also
-compiles the model; see train.py).
+``--enable_jit``), or compiled by ``torch.compile`` together with the model (``compile``: the
+modern path; train.training_loss compiles the two as one function, so the loss is returned
+uncompiled here).
 """
 import functools
 import warnings
@@ -30,6 +31,4 @@ def build_loss(params):
             # TorchScript is deprecated in recent torch but still works; it is kept as the original's rung.
             warnings.simplefilter("ignore", DeprecationWarning)
             loss = torch.jit.script(l1_loss)
-    elif params.jit_mode == "compile":
-        loss = torch.compile(l1_loss, mode=params.compile_mode)
     return functools.partial(loss, lambda_rho=float(params.lambda_rho))

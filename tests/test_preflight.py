@@ -1,0 +1,73 @@
+"""benchmarks/preflight.py, the GPU suite's first command: on this CPU machine it runs its CPU half for
+real and names what it skipped; its compiler check finds a missing compiler or Python.h."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from benchmarks import ladder, preflight
+from conftest import ROOT
+
+
+def test_the_cpu_half_runs_and_names_what_it_skipped(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the GPU half runs instead")
+    out = tmp_path / "preflight.json"
+    result = subprocess.run([sys.executable, "-m", "benchmarks.preflight", "--out", str(out)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    printed = [line for line in result.stdout.splitlines() if line.startswith("preflight: ")]
+    assert printed[0].startswith(f"preflight: torch {torch.__version__}, CUDA None, cuDNN none")
+    assert any(line.startswith("preflight: /dev/shm: ") for line in printed)
+    assert any(line.startswith("preflight: torch.compile: ") for line in printed)
+    assert any(line.startswith("preflight: DALI: ") for line in printed)
+    assert any(line.startswith("preflight: nsys: ") for line in printed)
+    skipped = [line for line in printed if line.startswith("preflight: skipped: ")]
+    assert len(skipped) >= 3 and all("no CUDA GPU" in line for line in skipped)  # + nsys's report, where found
+    facts = json.loads(out.read_text())
+    assert facts["passed"] and facts["gpu"] is None and facts["profiler"]["cpu_ops"] > 0
+    assert facts["profiler"]["kernels"] == 0 and facts["shm_free_gb"] > 0
+    assert set(facts["skipped"]) >= {"GPU name and free memory", "a bf16 Conv3d forward and backward on the GPU",
+                                     "CUDA kernel events in the profiler trace"}
+
+
+def test_a_missing_compiler_or_failing_build_is_named(monkeypatch, tmp_path):
+    assert preflight.compile_problem() is None  # this machine has gcc and the headers
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    assert "needs a C compiler" in preflight.compile_problem()
+    broken = tmp_path / "cc"
+    broken.write_text("#!/bin/sh\necho 'fatal error: Python.h: No such file or directory' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CC", str(broken))
+    assert "Python.h: No such file or directory" in preflight.compile_problem()
+    # The ladder skips its compile rung with that line, and keeps the others.
+    [compile_rung] = [rung for rung in ladder.GPU_RUNGS if "--jit_mode=compile" in rung.options]
+    assert "Python.h" in ladder.skip_reason(compile_rung)
+    assert ladder.skip_reason(ladder.GPU_RUNGS[0]) is None
+
+
+def test_a_run_past_its_limit_ends_with_all_its_children(tmp_path):
+    """The nsys probe (and every run of the benchmark tools) is ended at its limit with the processes it
+    started: a profiler's daemon or a launcher's ranks must not outlive it and hold the GPU."""
+    from benchmarks.common import run
+
+    pid_file = tmp_path / "child.pid"
+    started = time.monotonic()
+    outcome = run(["bash", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], str(tmp_path / "log"), timeout=2)
+    assert outcome == "timed out after 2 s" and time.monotonic() - started < 10
+    child = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
+
+
+def test_a_runtime_requirement_that_does_not_import_is_named(tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("# comment\ntorch>=2.4\npyyaml\nnumpy  # the arrays\nno_such_package_here>=1.0\n"
+                            "ruamel.no_such_module\n")
+    assert preflight.missing_requirements(str(requirements)) == ["no_such_package_here", "ruamel.no_such_module"]
+    assert preflight.missing_requirements() == []  # this machine has requirements.txt's packages
