@@ -71,6 +71,97 @@ def read_world():
                         "under Slurm, by export_DDP_vars.sh.") from None
 
 
+@dataclass(frozen=True)
+class DomainMesh:
+    """This rank's place in the 2-D mesh of ranks: data-parallel groups x domain groups.
+
+    ``world_size = data_size * prod(shape)``. The ranks of one domain group (consecutive ranks, so
+    that a group sits on one node) train on the same samples, each on its block of the crop: block
+    ``coords`` of a crop split ``shape[0]`` ways along depth, ``shape[1]`` along height and
+    ``shape[2]`` along width. Different domain groups (the data-parallel axis) train on different
+    samples. ``group`` is the domain group's own process group, so that halo messages never queue
+    behind DDP's gradient all-reduces; ``neighbours`` holds, per axis, the global ranks of the blocks
+    below and above (None at the crop's faces). Without a mesh (the default): one block per rank.
+    """
+    shape: tuple = (1, 1, 1)
+    data_size: int = 1
+    data_rank: int = 0
+    coords: tuple = (0, 0, 0)
+    group: object = None
+    neighbours: tuple = ((None, None),) * 3
+
+    @property
+    def size(self):
+        """Ranks per domain group."""
+        return self.shape[0] * self.shape[1] * self.shape[2]
+
+    def block(self, crop_size):
+        """This rank's block of a ``crop_size``^3 crop: ``(start, stop)`` per axis (D, H, W)."""
+        return tuple((c * crop_size // n, (c + 1) * crop_size // n) for c, n in zip(self.coords, self.shape))
+
+
+def build_domain_mesh(params, world):
+    """The mesh for ``params.domain_mesh``; every rank calls it (each domain group's process group is
+    made by all ranks together, in the same order). See :func:`check_domain_options` for what is refused."""
+    shape = tuple(params.domain_mesh)
+    size = shape[0] * shape[1] * shape[2]
+    if size == 1:
+        return DomainMesh(data_size=world.size, data_rank=world.rank)
+    data_rank, index = divmod(world.rank, size)
+    coords = (index // (shape[1] * shape[2]), index // shape[2] % shape[1], index % shape[2])
+    group = None
+    for first in range(0, world.size, size):
+        ranks = list(range(first, first + size))
+        made = dist.new_group(ranks)
+        if world.rank in ranks:
+            group = made
+    strides = (shape[1] * shape[2], shape[2], 1)
+    neighbours = tuple((world.rank - stride if c > 0 else None, world.rank + stride if c < n - 1 else None)
+                       for c, n, stride in zip(coords, shape, strides))
+    logging.info("Domain parallel: mesh %s, %d data-parallel group(s) of %d ranks; rank %d holds block %s",
+                 list(shape), world.size // size, size, world.rank, list(coords))
+    return DomainMesh(shape, world.size // size, data_rank, coords, group, neighbours)
+
+
+def check_domain_options(params, world, graph_capture, size_multiple):
+    """Refuse a ``domain_mesh`` that cannot work, with the fix, before any rank trains."""
+    shape = params.domain_mesh
+    if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(n, int) and n >= 1 for n in shape)):
+        raise UserError(f"--domain_mesh={shape} is invalid: it takes three positive integers, the ranks "
+                        "along depth, height and width of the crop, e.g. --domain_mesh=[2,1,1].")
+    size = shape[0] * shape[1] * shape[2]
+    if size == 1:
+        return
+    if world.size % size:
+        raise UserError(f"--domain_mesh={shape} needs a multiple of {size} ranks (one domain group of {size} "
+                        f"ranks per data-parallel group), and this run has {world.size}. Start "
+                        f"{size} x N ranks (torchrun --nproc_per_node={size}), or change --domain_mesh.")
+    side = max(shape) * size_multiple
+    if any(params.crop_size % (n * size_multiple) for n in shape):
+        raise UserError(f"crop_size={params.crop_size} is too small for --domain_mesh={shape}: every level of "
+                        f"the U-Net halves each rank's block, so its side along every axis must be a multiple "
+                        f"of {size_multiple}. The smallest crop for this mesh is --crop_size={side}; or use a "
+                        "mesh with fewer ranks per axis.")
+    refused = {"noddp": "the ranks of a domain group must add up their blocks' gradients",
+               "channels_last": "the halo exchange works on the default (channel-first) memory layout",
+               "enable_benchy": "benchy's trials time whole samples per rank"}
+    for key, reason in refused.items():
+        if params[key]:
+            raise UserError(f"--domain_mesh={shape} cannot be combined with --{key}: {reason}. Drop one of the "
+                            "two options.")
+    if graph_capture:
+        raise UserError(f"--domain_mesh={shape} cannot run in train_graph.py: the halo exchange's "
+                        "point-to-point messages are not captured in the CUDA graph. Train with train.py.")
+    if params.jit_mode == "compile":
+        raise UserError(f"--domain_mesh={shape} cannot be combined with --jit_mode=compile: torch.compile "
+                        "does not trace the halo exchange's point-to-point messages. Use --jit_mode=none or "
+                        "script.")
+    if params.data_loader_config not in ("synthetic", "inmem", "lowmem"):
+        raise UserError(f"--domain_mesh={shape} needs a loader that reads one block of the crop per rank: "
+                        f"synthetic, inmem or lowmem, not {params.data_loader_config}. Use "
+                        "--data_loader_config=lowmem (or inmem).")
+
+
 # PyTorch's CUDA-graph notes: DDP must run at least 11 eager iterations before a capture.
 DDP_GRAPH_WARMUP = 11
 
