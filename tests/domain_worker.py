@@ -14,7 +14,6 @@ difference from the undivided computation (done on every rank, in the same proce
 import json
 import os
 import sys
-from types import SimpleNamespace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -25,11 +24,12 @@ from torch import nn  # noqa: E402
 
 from networks.UNet import UNet  # noqa: E402
 from utils import distributed, halo  # noqa: E402
+from utils.YParams import YParams  # noqa: E402
 
 
 def block_of(tensor, mesh, side):
     """This rank's block of a (B, C, S, S, S) tensor."""
-    return tensor[(slice(None), slice(None), *(slice(start, stop) for start, stop in mesh.block(side)))]
+    return tensor[(slice(None), slice(None), *(slice(start, stop) for start, stop in mesh.block_in(side)))]
 
 
 def summed(gradient, mesh):
@@ -106,9 +106,9 @@ def unet(mesh):
 def main():
     scenario, mesh_text, out_dir = sys.argv[1:]
     world = distributed.read_world()
-    distributed.init_process_group(world, torch.device("cpu"))
-    params = SimpleNamespace(domain_mesh=[int(n) for n in mesh_text.split(",")])
-    mesh = distributed.build_domain_mesh(params, world)
+    params = YParams(os.path.join(ROOT, "config", "UNet.yaml"), "test")
+    params["domain_mesh"] = [int(n) for n in mesh_text.split(",")]
+    mesh = distributed.init_process_group(world, torch.device("cpu"), params)
     result = {"layers": layers, "unet": unet}[scenario](mesh)
     with open(os.path.join(out_dir, f"{scenario}-{mesh_text}.rank{world.rank}.json"), "w") as f:
         json.dump(result, f)

@@ -90,9 +90,11 @@ def exchange_halos(x, mesh):
 class HaloConv(nn.Module):
     """A U-Net ``Conv3d`` or ``ConvTranspose3d`` (kernel 4, stride 2, padding 1) on one block of the volume.
 
-    Along a split axis the halo replaces the padding: the convolution then runs with padding 0, and the
-    transposed one with padding 3, which crops the two extra outputs the halo voxels produce at each end
-    (``(n + 2 - 1) * 2 - 2 * 3 + 4 = 2n``). The parameters are the original layer's, under its names.
+    Along a split axis the halo replaces the padding: the convolution runs with padding 0 there. The
+    transposed convolution keeps its padding 1 and its output drops two voxels at each end along a split
+    axis, the ones the halo voxels alone produce: ``(n + 2 - 1) * 2 - 2 + 4 - 2 * 2 = 2n``. (Padding 3,
+    which would crop them in the layer, makes the CPU's oneDNN transposed-convolution backward corrupt
+    the heap in torch 2.13.) The parameters are the original layer's, under its names.
     """
 
     def __init__(self, conv, mesh):
@@ -102,14 +104,17 @@ class HaloConv(nn.Module):
         self.weight, self.bias = conv.weight, conv.bias
         self.transposed = isinstance(conv, nn.ConvTranspose3d)
         self.mesh = mesh
-        inner = 3 if self.transposed else 0  # the padding along a split axis
-        self.padding = tuple(inner if parts > 1 else 1 for parts in mesh.shape)
+        self.split_axes = tuple(axis for axis, parts in enumerate(mesh.shape) if parts > 1)
+        self.padding = (1, 1, 1) if self.transposed else tuple(0 if parts > 1 else 1 for parts in mesh.shape)
 
     def forward(self, x):
         x = exchange_halos(x, self.mesh)
-        if self.transposed:
-            return F.conv_transpose3d(x, self.weight, self.bias, stride=2, padding=self.padding)
-        return F.conv3d(x, self.weight, self.bias, stride=2, padding=self.padding)
+        if not self.transposed:
+            return F.conv3d(x, self.weight, self.bias, stride=2, padding=self.padding)
+        x = F.conv_transpose3d(x, self.weight, self.bias, stride=2, padding=self.padding)
+        for axis in self.split_axes:
+            x = x.narrow(2 + axis, 2 * HALO, x.size(2 + axis) - 4 * HALO)
+        return x
 
     def extra_repr(self):
         kind = "ConvTranspose3d" if self.transposed else "Conv3d"
