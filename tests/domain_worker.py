@@ -103,13 +103,41 @@ def unet(mesh):
     }
 
 
+def dtensor(mesh):
+    """PyTorch's own sharded convolution (DTensor, input sharded along each spatial axis in turn): the
+    difference of its result from the undivided convolution's, or the error it raises."""
+    try:
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    except ImportError:  # torch 2.4 keeps DTensor private
+        from torch.distributed._tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.device_mesh import init_device_mesh
+
+    device_mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    torch.manual_seed(0)
+    layer = nn.Conv3d(3, 5, kernel_size=4, stride=2, padding=1).double()
+    whole = torch.randn(1, 3, 16, 16, 16, dtype=torch.float64)
+    reference = layer(whole).detach()
+    results = {}
+    for dim in (2, 3, 4):
+        try:
+            sharded = distribute_tensor(whole, device_mesh, [Shard(dim)])
+            weight = distribute_tensor(layer.weight.detach(), device_mesh, [Replicate()])
+            bias = distribute_tensor(layer.bias.detach(), device_mesh, [Replicate()])
+            output = torch.nn.functional.conv3d(sharded, weight, bias, stride=2, padding=1).full_tensor()
+            results[dim] = {"shape": list(output.shape), "expected": list(reference.shape),
+                            "error": error(output, reference) if output.shape == reference.shape else None}
+        except Exception as exception:  # noqa: BLE001 - the test reports what PyTorch did
+            results[dim] = {"raised": f"{type(exception).__name__}: {str(exception)[:200]}"}
+    return results
+
+
 def main():
     scenario, mesh_text, out_dir = sys.argv[1:]
     world = distributed.read_world()
     params = YParams(os.path.join(ROOT, "config", "UNet.yaml"), "test")
     params["domain_mesh"] = [int(n) for n in mesh_text.split(",")]
     mesh = distributed.init_process_group(world, torch.device("cpu"), params)
-    result = {"layers": layers, "unet": unet}[scenario](mesh)
+    result = {"layers": layers, "unet": unet, "dtensor": dtensor}[scenario](mesh)
     with open(os.path.join(out_dir, f"{scenario}-{mesh_text}.rank{world.rank}.json"), "w") as f:
         json.dump(result, f)
     dist.barrier()
