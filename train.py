@@ -22,7 +22,7 @@ import yaml
 
 from networks.UNet import UNet
 from utils import get_data_loader_distributed, lr_schedule
-from utils.YParams import load_params
+from utils.YParams import data_parallel_size, load_params
 from utils.benchy import check_benchy_options, wrap_for_benchy
 from utils.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from utils.conv3d import check_conv3d
@@ -98,7 +98,7 @@ def claim_run_dir(params, world, device):
         raise UserError(f"The run directory {run_dir} already holds a run. Pass --resume to continue it, "
                         f"or a new --run_num (e.g. --run_num={params.run_num}b) to start another.")
     logging.info("Device: %s; %d rank(s); local batch %d; run directory %s", device, world.size,
-                 params.global_batch_size // world.size, run_dir)
+                 params.global_batch_size // data_parallel_size(params.domain_mesh, world.size), run_dir)
     return run_dir
 
 
