@@ -27,6 +27,10 @@ from utils import distributed, halo  # noqa: E402
 from utils.YParams import YParams  # noqa: E402
 
 
+WHOLE_VOLUME_COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_single", "broadcast",
+                            "all_reduce", "gather", "scatter", "reduce_scatter_tensor")
+
+
 def block_of(tensor, mesh, side):
     """This rank's block of a (B, C, S, S, S) tensor."""
     return tensor[(slice(None), slice(None), *(slice(start, stop) for start, stop in mesh.block_in(side)))]
@@ -87,12 +91,20 @@ def unet(mesh):
     model.zero_grad()
 
     halo.split_domain(model, mesh)
+    # Collectives that could move whole volumes are counted while the block trains: there must be none.
+    gathers = []
+    originals = {name: getattr(dist, name) for name in WHOLE_VOLUME_COLLECTIVES}
+    for name, original in originals.items():
+        setattr(dist, name, lambda *args, _name=name, _original=original, **kwargs: (
+            gathers.append(_name), _original(*args, **kwargs))[1])
     halo.reset_counters()
     out = model(block_of(whole, mesh, side))
     forward = dict(halo.COUNTERS)
     halo.reset_counters()
     (out * block_of(weights, mesh, side)).sum().backward()
     backward = dict(halo.COUNTERS)
+    for name, original in originals.items():
+        setattr(dist, name, original)
     return {
         "output": error(out, block_of(reference_output, mesh, side)),
         "grads": {name: error(summed(p.grad, mesh), reference[name]) for name, p in model.named_parameters()},
@@ -100,6 +112,7 @@ def unet(mesh):
         "forward": forward,
         "backward": backward,
         "halo_convs": sum(isinstance(m, halo.HaloConv) for m in model.modules()),
+        "gathers": gathers,
     }
 
 

@@ -135,3 +135,17 @@ def test_synthetic_samples_are_new_random_numbers_for_every_sample(data_files):
     assert abs(inputs.mean().item()) < 0.01 and abs(inputs.std().item() - 1) < 0.01  # normal(0, 1)
     second, _ = first_batch(loader)
     torch.testing.assert_close(second, inputs, rtol=0, atol=0)  # and the same for the same key
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_blocks_of_a_domain_group_make_up_the_undivided_sample(data_files, kind):
+    """Under --domain_mesh=[2,2,1] each rank's loader yields its block of the same turned crops."""
+    params = make_params(data_files, data_loader_config=kind)
+    whole = first_batch(get_data_loader_distributed(params, 0, None)[0], epoch=1)
+    blocks = [((0, 16), (0, 16), (0, 32)), ((0, 16), (16, 32), (0, 32)),
+              ((16, 32), (0, 16), (0, 32)), ((16, 32), (16, 32), (0, 32))]
+    for block in blocks:
+        inputs, targets = first_batch(get_data_loader_distributed(params, 0, None, block=block)[0], epoch=1)
+        window = (slice(None), slice(None), *(slice(a, b) for a, b in block))
+        assert inputs.shape == (4, 4, 16, 16, 32)
+        assert torch.equal(inputs, whole[0][window]) and torch.equal(targets, whole[1][window])

@@ -66,7 +66,8 @@ def test_sharded_conv_and_transposed_conv_equal_the_undivided_ones_in_float64(me
 
 @pytest.mark.parametrize("mesh", AXES + [[2, 2, 1]], ids=["depth", "height", "width", "2x2"])
 def test_the_small_unet_at_128_on_blocks_equals_the_undivided_one(mesh, tmp_path):
-    """base_channels 4, full scale, 128^3, float32: outputs and summed weight gradients within 1e-4."""
+    """base_channels 4, full scale, 128^3, float32: outputs and summed weight gradients within 1e-4; the
+    halo exchanges counted, and no collective (all-gather of a volume or otherwise) in forward or backward."""
     size = mesh[0] * mesh[1] * mesh[2]
     results = run_ranks("unet", mesh, tmp_path, world_size=size)
     split_axes = sum(n > 1 for n in mesh)
@@ -80,6 +81,7 @@ def test_the_small_unet_at_128_on_blocks_equals_the_undivided_one(mesh, tmp_path
         assert result["forward"]["exchanges"] == 12 * split_axes
         assert result["backward"]["exchanges"] == 11 * split_axes
         assert result["forward"]["bytes_sent"] > 0
+        assert result["gathers"] == []  # only point-to-point halo messages: no collective on the way
 
 
 def test_pytorch_dtensor_convolution_is_not_the_halo_exchange(tmp_path):
