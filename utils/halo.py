@@ -12,10 +12,11 @@ undivided model's, block by block.
 
 The backward pass is the same exchange in reverse: the gradient that arrives for a halo voxel
 belongs to the neighbour who sent it, so it is sent back and added to that neighbour's face.
-:class:`HaloExchange` is that pair, an autograd function on ``torch.distributed`` point-to-point
-messages (NCCL between GPUs, gloo between CPU processes), two sends and two receives per split axis
-in one batch. Exchanging along depth first, then height (with the depth halo included), then width
-fills the edges and corners too, so a 2 x 2 mesh needs no diagonal messages.
+:class:`HaloConvFunction` is that pair around the convolution, an autograd function on
+``torch.distributed`` point-to-point messages (NCCL between GPUs, gloo between CPU processes), two
+sends and two receives per split axis in one batch (:func:`swap_faces`). Exchanging along depth
+first, then height (with the depth halo included), then width fills the edges and corners too, so a
+2 x 2 mesh needs no diagonal messages.
 
 :func:`split_domain` swaps each convolution of a model for a :class:`HaloConv` holding the same
 parameters under the same names (checkpoints do not change); with a mesh of one rank it returns the
@@ -55,36 +56,67 @@ def swap_faces(to_lower, to_upper, lower, upper, group):
     return from_lower, from_upper
 
 
-class HaloExchange(torch.autograd.Function):
-    """``x`` padded with its neighbours' faces along ``dim``: one halo voxel on each side."""
+def add_halo(x, dim, lower, upper, group):
+    """``x`` padded along ``dim`` with one face of each neighbour: ``(padded, from_lower, from_upper)``."""
+    side = x.size(dim)
+    from_lower, from_upper = swap_faces(x.narrow(dim, 0, HALO), x.narrow(dim, side - HALO, HALO), lower, upper, group)
+    return torch.cat([from_lower, x, from_upper], dim), from_lower, from_upper
+
+
+def return_halo_gradient(grad, dim, lower, upper, group):
+    """The backward of :func:`add_halo`: the halo's gradients go back to the faces they came from, and the
+    neighbours' come back and are added to ours."""
+    side = grad.size(dim) - 2 * HALO
+    from_lower, from_upper = swap_faces(grad.narrow(dim, 0, HALO), grad.narrow(dim, side + HALO, HALO),
+                                        lower, upper, group)
+    grad_x = grad.narrow(dim, HALO, side).clone()
+    grad_x.narrow(dim, 0, HALO).add_(from_lower)
+    grad_x.narrow(dim, side - HALO, HALO).add_(from_upper)
+    return grad_x
+
+
+class HaloConvFunction(torch.autograd.Function):
+    """Halo exchange and convolution of one block, forward and backward, as one autograd function.
+
+    Forward: pad the block with the neighbours' faces along each split axis (depth, then height, then
+    width), convolve. It saves the block and the thin halos, not the padded copy: the block is the tensor
+    the previous layer's activation saves anyway, so a rank holds about 1/N of the undivided activations
+    (a padded copy kept for backward would double them). Backward: rebuild the padded block, the
+    convolution's gradients, then the halo gradients sent back to the neighbours, axes in reverse order.
+    Under autocast the convolution runs in the autocast dtype, in both directions.
+    """
 
     @staticmethod
-    def forward(ctx, x, dim, lower, upper, group):
-        ctx.dim, ctx.lower, ctx.upper, ctx.group = dim, lower, upper, group
-        side = x.size(dim)
-        from_lower, from_upper = swap_faces(x.narrow(dim, 0, HALO), x.narrow(dim, side - HALO, HALO),
-                                            lower, upper, group)
-        return torch.cat([from_lower, x, from_upper], dim)
+    def forward(ctx, x, weight, bias, layer):
+        padded, halos = x, []
+        for axis in layer.split_axes:
+            lower, upper = layer.mesh.neighbours[axis]
+            padded, from_lower, from_upper = add_halo(padded, 2 + axis, lower, upper, layer.mesh.group)
+            halos += [from_lower, from_upper]
+        output = layer.convolve(padded, weight, bias)
+        ctx.layer, ctx.dtype, ctx.has_bias = layer, output.dtype, bias is not None
+        ctx.save_for_backward(x, weight, *halos)
+        return output
 
     @staticmethod
-    def backward(ctx, grad):
-        dim = ctx.dim
-        side = grad.size(dim) - 2 * HALO
-        # The halo's gradients go back to the faces they came from; ours come back from the neighbours.
-        from_lower, from_upper = swap_faces(grad.narrow(dim, 0, HALO), grad.narrow(dim, side + HALO, HALO),
-                                            ctx.lower, ctx.upper, ctx.group)
-        grad_x = grad.narrow(dim, HALO, side).clone()
-        grad_x.narrow(dim, 0, HALO).add_(from_lower)
-        grad_x.narrow(dim, side - HALO, HALO).add_(from_upper)
-        return grad_x, None, None, None, None
-
-
-def exchange_halos(x, mesh):
-    """``x`` (B, C, D, H, W), this rank's block, with a halo along every axis the mesh splits."""
-    for axis, (lower, upper) in enumerate(mesh.neighbours):
-        if mesh.shape[axis] > 1:
-            x = HaloExchange.apply(x, 2 + axis, lower, upper, mesh.group)
-    return x
+    def backward(ctx, grad_output):
+        layer = ctx.layer
+        x, weight, *halos = ctx.saved_tensors
+        padded = x
+        for index, axis in enumerate(layer.split_axes):
+            padded = torch.cat([halos[2 * index], padded, halos[2 * index + 1]], 2 + axis)
+        grad_padded, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
+            layer.uncropped(grad_output).to(ctx.dtype), padded.to(ctx.dtype), weight.to(ctx.dtype),
+            [weight.shape[1 if layer.transposed else 0]], [2, 2, 2], list(layer.padding), [1, 1, 1],
+            layer.transposed, [0, 0, 0], 1, [ctx.needs_input_grad[0], True, ctx.has_bias])
+        grad_x = None
+        if ctx.needs_input_grad[0]:  # the U-Net's input needs none: its halos need not travel back
+            grad_x = grad_padded.to(x.dtype)
+            for axis in reversed(layer.split_axes):
+                lower, upper = layer.mesh.neighbours[axis]
+                grad_x = return_halo_gradient(grad_x, 2 + axis, lower, upper, layer.mesh.group)
+        grad_bias = grad_bias.to(weight.dtype) if ctx.has_bias else None
+        return grad_x, grad_weight.to(weight.dtype), grad_bias, None
 
 
 class HaloConv(nn.Module):
@@ -108,13 +140,26 @@ class HaloConv(nn.Module):
         self.padding = (1, 1, 1) if self.transposed else tuple(0 if parts > 1 else 1 for parts in mesh.shape)
 
     def forward(self, x):
-        x = exchange_halos(x, self.mesh)
+        return HaloConvFunction.apply(x, self.weight, self.bias, self)
+
+    def convolve(self, padded, weight, bias):
+        """The layer's convolution of a block padded with its halos."""
         if not self.transposed:
-            return F.conv3d(x, self.weight, self.bias, stride=2, padding=self.padding)
-        x = F.conv_transpose3d(x, self.weight, self.bias, stride=2, padding=self.padding)
+            return F.conv3d(padded, weight, bias, stride=2, padding=self.padding)
+        output = F.conv_transpose3d(padded, weight, bias, stride=2, padding=self.padding)
         for axis in self.split_axes:
-            x = x.narrow(2 + axis, 2 * HALO, x.size(2 + axis) - 4 * HALO)
-        return x
+            output = output.narrow(2 + axis, 2 * HALO, output.size(2 + axis) - 4 * HALO)
+        # A copy, not a view: the ReLU after it works in place, and the uncropped output can be freed.
+        return output.clone()
+
+    def uncropped(self, grad_output):
+        """The gradient of the transposed convolution's whole output: zeros where :meth:`convolve` cropped."""
+        if not self.transposed:
+            return grad_output
+        pad = [0] * 6
+        for axis in self.split_axes:  # F.pad lists the last dimension first
+            pad[2 * (2 - axis)] = pad[2 * (2 - axis) + 1] = 2 * HALO
+        return F.pad(grad_output, pad)
 
     def extra_repr(self):
         kind = "ConvTranspose3d" if self.transposed else "Conv3d"
