@@ -97,12 +97,24 @@ def predict(crop, base, mesh, full_scale=True, bytes_per_value=4):
     return (per_rank + halo_values) * bytes_per_value, halo_bytes
 
 
+def largest_tensor(crop, base, mesh, full_scale=True):
+    """Elements of the largest tensor a rank holds in a forward pass: a saved block, or a convolution's
+    input padded with its halos."""
+    saved, conv_inputs = unet_tensors(crop, base, full_scale)
+    sizes = [channels * (side // mesh[0]) * (side // mesh[1]) * (side // mesh[2]) for channels, side in saved]
+    for channels, side in conv_inputs:
+        padded = [side // parts + (2 if parts > 1 else 0) for parts in mesh]
+        sizes.append(channels * padded[0] * padded[1] * padded[2])
+    return max(sizes)
+
+
 def smallest_fitting_mesh(crop, base, full_scale, bytes_per_value, parameters):
     """The first mesh of MESHES whose ranks hold their activations and the model's states in an H100,
-    with blocks the U-Net can halve at every level; ``(mesh, bytes per rank)`` or ``(None, None)``."""
+    whose largest tensor stays below 2^31 elements (the 32-bit index limit of some GPU kernels), and
+    whose blocks the U-Net can halve at every level: ``(mesh, bytes per rank)`` or ``(None, None)``."""
     multiple = UNet.size_multiple(full_scale)
     for mesh in MESHES:
-        if any(crop % (parts * multiple) for parts in mesh):
+        if any(crop % (parts * multiple) for parts in mesh) or largest_tensor(crop, base, mesh, full_scale) >= 2**31:
             continue
         saved, _ = predict(crop, base, mesh, full_scale, bytes_per_value)
         total = saved + parameters * ADAM_BYTES_PER_PARAMETER
@@ -192,19 +204,20 @@ def table(rows, base, date, device):
 def extension(base, parameters):
     """Predictions for the real data's crops on H100s: the smallest mesh whose ranks fit."""
     lines = ["", f"## Predicted, not measured: larger crops on 80 GB H100s (base_channels {base})", "",
-             "Per-rank memory = predicted saved activations + parameters, gradients and Adam state "
-             f"({parameters / 1e6:.1f} M parameters x {ADAM_BYTES_PER_PARAMETER} bytes); transient buffers of the "
-             "convolutions are not included, so leave headroom.", "",
-             "| crop | activations, 1 rank, fp32 (GiB) | smallest mesh, fp32 | per rank (GiB) | "
-             "activations, 1 rank, bf16 (GiB) | smallest mesh, bf16 | per rank (GiB) | halo per step, [2,1,1] fp32 (GiB) |",
+             "Per rank: the predicted saved activations plus parameters, gradients and Adam state "
+             f"({parameters / 1e6:.1f} M parameters x {ADAM_BYTES_PER_PARAMETER} bytes, fp32). The smallest mesh is "
+             "the first of " + ", ".join(str(mesh) for mesh in MESHES[:6]) + ", ... whose ranks fit in 80 GB and whose "
+             "largest tensor stays below 2^31 elements (the 32-bit indexing limit of some GPU kernels). bf16 counts "
+             "every saved tensor at 2 bytes. The convolutions' transient workspace is not included: leave headroom.",
+             "", "| crop | activations, 1 rank, fp32 (GiB) | largest tensor, 1 rank (elements) | smallest mesh, fp32 | "
+             "per rank, fp32 (GiB) | smallest mesh, bf16 | per rank, bf16 (GiB) | halo per step, [2,1,1] fp32 (GiB) |",
              "|---|---|---|---|---|---|---|---|"]
     for crop in (256, 512, 1024):
-        cells = [f"{crop}^3"]
+        whole, _ = predict(crop, base, [1, 1, 1], True, 4)
+        cells = [f"{crop}^3", f"{whole / GIB:.1f}", f"{largest_tensor(crop, base, [1, 1, 1]) / 2**30:.2f} x 2^30"]
         for bytes_per_value in (4, 2):
-            whole, _ = predict(crop, base, [1, 1, 1], True, bytes_per_value)
             mesh, total = smallest_fitting_mesh(crop, base, True, bytes_per_value, parameters)
-            cells += [f"{whole / GIB:.1f}", str(mesh) if mesh else "none in the list",
-                      f"{total / GIB:.1f}" if total else "-"]
+            cells += [str(mesh) if mesh else "none in the list", f"{total / GIB:.1f}" if total else "-"]
         cells.append(f"{predict(crop, base, [2, 1, 1])[1] / GIB:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -190,7 +190,8 @@ def check_domain_options(params, world, graph_capture):
                         f"ranks per data-parallel group), and this run has {world.size}. Start "
                         f"{size} x N ranks (torchrun --nproc_per_node={size}), or change --domain_mesh.")
     refused = {"noddp": "the ranks of a domain group must add up their blocks' gradients",
-               "channels_last": "the halo exchange works on the default (channel-first) memory layout"}
+               "channels_last": "the halo exchange is written and tested for the default (channel-first) "
+                                "memory layout only"}
     for key, reason in refused.items():
         if params[key]:
             raise UserError(f"--domain_mesh={shape} cannot be combined with --{key}: {reason}. Drop one of the "
@@ -199,9 +200,9 @@ def check_domain_options(params, world, graph_capture):
         raise UserError(f"--domain_mesh={shape} cannot run in train_graph.py: the halo exchange's "
                         "point-to-point messages are not captured in the CUDA graph. Train with train.py.")
     if params.jit_mode == "compile":
-        raise UserError(f"--domain_mesh={shape} cannot be combined with --jit_mode=compile: torch.compile "
-                        "does not trace the halo exchange's point-to-point messages. Use --jit_mode=none or "
-                        "script.")
+        raise UserError(f"--domain_mesh={shape} cannot be combined with --jit_mode=compile: the halo exchange "
+                        "(an autograd function around point-to-point messages) has not been made to compile, "
+                        "nor tested compiled. Use --jit_mode=none or script.")
     if params.data_loader_config not in ("synthetic", "inmem", "lowmem"):
         raise UserError(f"--domain_mesh={shape} needs a loader that reads one block of the crop per rank: "
                         f"synthetic, inmem or lowmem, not {params.data_loader_config}. Use "
