@@ -173,7 +173,7 @@ class RandomCropDataset(Dataset):
     def __len__(self):
         return self.num_samples
 
-    def read_crop(self, corner, box, key):
+    def read_crop(self, corner, key, box=None):
         """Input and target voxels of sample ``key``'s crop at ``corner``, channel first, float32;
         only ``box`` of it when there is one (see :meth:`CropSpec.window`)."""
         raise NotImplementedError
@@ -182,7 +182,7 @@ class RandomCropDataset(Dataset):
         corner, element = self.spec.draw(key)
         # Under domain parallelism every rank of a group draws the same corner and element (the key
         # decides both) and reads only the box that becomes its block once turned.
-        nbody, hydro = self.read_crop(corner, self.spec.source_box(element), key)
+        nbody, hydro = self.read_crop(corner, key, box=self.spec.source_box(element))
         (_, nbody_vectors), (_, hydro_vectors) = self.spec.channel_groups
         nbody = symmetry.apply_numpy(nbody, element, nbody_vectors)
         hydro = symmetry.apply_numpy(hydro, element, hydro_vectors)
@@ -192,7 +192,7 @@ class RandomCropDataset(Dataset):
 class SyntheticDataset(RandomCropDataset):
     """Normal random numbers in place of the data, new for every sample: no file access."""
 
-    def read_crop(self, corner, box, key):
+    def read_crop(self, corner, key, box=None):
         rng = np.random.default_rng((self.spec.seed, self.spec.split, *key, 1))
         shape = (self.spec.crop_size,) * 3
         (n_in, _), (n_out, _) = self.spec.channel_groups
@@ -213,7 +213,7 @@ class InMemoryDataset(RandomCropDataset):
             self.nbody = f["Nbody"][...].astype(np.float32, copy=False)
             self.hydro = f["Hydro"][...].astype(np.float32, copy=False)
 
-    def read_crop(self, corner, box, key):
+    def read_crop(self, corner, key, box=None):
         window = self.spec.window(corner, box)
         return self.nbody[window], self.hydro[window]
 
@@ -226,7 +226,7 @@ class LowMemDataset(RandomCropDataset):
         self.path = path
         self._file, self._pid = None, None
 
-    def read_crop(self, corner, box, key):
+    def read_crop(self, corner, key, box=None):
         # A handle opened before a fork must not be shared, so each process opens its own.
         if self._pid != os.getpid():
             self._file, self._pid = h5py.File(self.path, "r"), os.getpid()
