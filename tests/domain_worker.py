@@ -77,6 +77,34 @@ def layers(mesh):
     return results
 
 
+def autocast_layers(mesh):
+    """The layers in float32 under bf16 autocast, as train.py runs them with --amp_mode=bf16: the block's
+    outputs and gradients against the undivided layer's under the same autocast."""
+    torch.manual_seed(0)
+    side, results = 16, {}
+    for kind in (nn.Conv3d, nn.ConvTranspose3d):
+        layer = kind(8, 8, kernel_size=4, stride=2, padding=1)
+        whole = torch.randn(2, 8, side, side, side, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            output = layer(whole)
+        weights = torch.randn(output.shape)
+        (output.float() * weights).sum().backward()
+        reference = {"output": output.detach(), "input_grad": whole.grad, "weight_grad": layer.weight.grad.clone()}
+        layer.zero_grad()
+        split = halo.HaloConv(layer, mesh)
+        part = block_of(whole.detach(), mesh, side).clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = split(part)
+        (out.float() * block_of(weights, mesh, output.shape[-1])).sum().backward()
+        results[kind.__name__] = {
+            "dtypes": [str(out.dtype), str(part.grad.dtype), str(layer.weight.grad.dtype)],
+            "output": error(out.float(), block_of(reference["output"], mesh, output.shape[-1]).float()),
+            "input_grad": error(part.grad, block_of(reference["input_grad"], mesh, side)),
+            "weight_grad": error(summed(layer.weight.grad, mesh), reference["weight_grad"]),
+        }
+    return results
+
+
 def unet(mesh):
     torch.manual_seed(0)
     side = 128
@@ -150,7 +178,7 @@ def main():
     params = YParams(os.path.join(ROOT, "config", "UNet.yaml"), "test")
     params["domain_mesh"] = [int(n) for n in mesh_text.split(",")]
     mesh = distributed.init_process_group(world, torch.device("cpu"), params)
-    result = {"layers": layers, "unet": unet, "dtensor": dtensor}[scenario](mesh)
+    result = {"layers": layers, "autocast": autocast_layers, "unet": unet, "dtensor": dtensor}[scenario](mesh)
     with open(os.path.join(out_dir, f"{scenario}-{mesh_text}.rank{world.rank}.json"), "w") as f:
         json.dump(result, f)
     dist.barrier()

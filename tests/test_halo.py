@@ -64,6 +64,16 @@ def test_sharded_conv_and_transposed_conv_equal_the_undivided_ones_in_float64(me
                 assert difference < 1e-12, (mesh, layer, quantity, difference)
 
 
+def test_under_bf16_autocast_the_block_computes_in_bf16_and_returns_float32_gradients(tmp_path):
+    """As --amp_mode=bf16 runs it: outputs in bf16, gradients in the parameters' and input's float32,
+    within bf16's rounding of the undivided layers' (measured: 3.6e-3 of the largest value at most)."""
+    for result in run_ranks("autocast", [2, 1, 1], tmp_path):
+        for layer in ("Conv3d", "ConvTranspose3d"):
+            assert result[layer]["dtypes"] == ["torch.bfloat16", "torch.float32", "torch.float32"]
+            for quantity in ("output", "input_grad", "weight_grad"):
+                assert result[layer][quantity] < 2e-2, (layer, quantity, result[layer])
+
+
 @pytest.mark.parametrize("mesh", AXES + [[2, 2, 1]], ids=["depth", "height", "width", "2x2"])
 def test_the_small_unet_at_128_on_blocks_equals_the_undivided_one(mesh, tmp_path):
     """base_channels 4, full scale, 128^3, float32: outputs and summed weight gradients within 1e-4; the
