@@ -153,7 +153,7 @@ def whole_fields_fit(params, data_size, device):
     if device.type == "cuda":
         free = torch.cuda.mem_get_info(device)[0]
     else:
-        pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else None
+        pages = os.sysconf("SC_AVPHYS_PAGES") if "SC_AVPHYS_PAGES" in getattr(os, "sysconf_names", {}) else None
         free = pages * os.sysconf("SC_PAGE_SIZE") if pages else None
     if free is None or needed <= free / 2 or not (params.val_metrics or params.preview_image):
         return True
