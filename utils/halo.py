@@ -50,9 +50,9 @@ def swap_faces(to_lower, to_upper, lower, upper, group):
                            dist.P2POp(dist.irecv, incoming, peer, group)]
             COUNTERS["bytes_sent"] += outgoing.numel() * outgoing.element_size()
     COUNTERS["exchanges"] += 1
-    if operations:
+    if operations:  # every rank of the group calls this in the same layer, as NCCL's first call needs
         for request in dist.batch_isend_irecv(operations):
-            request.wait()
+            request.wait()  # NCCL: the compute stream waits for the messages, the host does not
     return from_lower, from_upper
 
 
