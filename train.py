@@ -21,13 +21,14 @@ import torch
 
 from networks.UNet import UNet
 from utils import get_data_loader_distributed, lr_schedule
-from utils.YParams import load_params, write_yaml
+from utils.YParams import data_parallel_size, load_params, write_yaml
 from utils.benchy import check_benchy_options, wrap_for_benchy
 from utils.checkpoint import CHECKPOINT_NAME, Checkpointer, load_checkpoint
 from utils.conv3d import check_conv3d
-from utils.distributed import (agree_to_stop, all_reduce_mean, check_parallel_options, describe_memory,
-                               exit_on_lost_rank, init_process_group, memory_report, parallelize, read_world,
-                               shutdown)
+from utils.distributed import (agree_to_stop, all_reduce_mean, check_domain_crop, check_parallel_options,
+                               describe_memory, exit_on_lost_rank, init_process_group, memory_report, parallelize,
+                               read_world, shutdown)
+from utils.halo import split_domain
 from utils.errors import UserError, exit_on_user_error
 from utils.logging_utils import TensorBoard, config_logger, log_to_file
 from utils.losses import build_loss
@@ -75,13 +76,15 @@ def pick_device(params, world):
 
 
 def check_crop_size(params):
-    """A crop the U-Net can halve at every level, before any data is read."""
+    """A crop the U-Net can halve at every level, before any data is read (under a domain mesh, each
+    rank's block: see utils.distributed.check_domain_options)."""
     multiple = UNet.size_multiple(params.full_scale)
     if params.crop_size % multiple:
         raise UserError(f"crop_size={params.crop_size} does not fit the U-Net: with full_scale="
                         f"{params.full_scale} every level halves the crop, so its side must be a multiple "
                         f"of {multiple}. Use e.g. --crop_size={max(multiple, params.crop_size // multiple * multiple)}"
                         + ("" if not params.full_scale else " or --full_scale=false") + ".")
+    check_domain_crop(params.domain_mesh, params.crop_size, multiple)
 
 
 def claim_run_dir(params, world, device):
@@ -94,7 +97,7 @@ def claim_run_dir(params, world, device):
         raise UserError(f"The run directory {run_dir} already holds a run. Pass --resume to continue it, "
                         f"or a new --run_num (e.g. --run_num={params.run_num}b) to start another.")
     logging.info("Device: %s; %d rank(s); local batch %d; run directory %s", device, world.size,
-                 params.global_batch_size // world.size, run_dir)
+                 params.global_batch_size // data_parallel_size(params.domain_mesh, world.size), run_dir)
     return run_dir
 
 
@@ -107,9 +110,11 @@ def create_run_dir(run_dir, params, world):
             write_yaml({**params.to_dict(), "world_size": world.size}, f)
 
 
-def build_model(params, device):
+def build_model(params, device, mesh=None):
+    """The U-Net on ``device``; under a domain ``mesh`` its convolutions exchange halos (utils/halo.py)."""
     model = UNet(params.N_in_channels, params.N_out_channels, params.base_channels, params.full_scale)
     logging.info("U-Net with %.1f M parameters", sum(p.numel() for p in model.parameters()) / 1e6)
+    model = model if mesh is None else split_domain(model, mesh)
     return model.to(device, memory_format=memory_format(params))
 
 
@@ -232,10 +237,12 @@ def new_cudagraph_step():
 
 
 @torch.no_grad()
-def validate(model, loader, loss_fn, precision, move, world, metrics=None):
+def validate(model, loader, loss_fn, precision, move, world, mesh, metrics=None):
     """Mean validation loss over all ranks, and the first sample with its prediction (for the preview).
 
-    ``metrics``, when given, accumulates the physics metrics batch by batch, on the device.
+    ``metrics``, when given, accumulates the physics metrics batch by batch, on the device. Under a
+    domain ``mesh`` the loss is each block's mean (the blocks are equal, so their mean is the sample's),
+    while metrics and preview see the whole fields (``mesh.whole``; unless they do not fit: None).
     Each batch is a new step for torch.compile's CUDA graphs: the last training step's outputs, or
     the last batch's, are not read again.
     """
@@ -248,13 +255,14 @@ def validate(model, loader, loss_fn, precision, move, world, metrics=None):
             predictions = model(inputs)
             totals.append(loss_fn(predictions, targets).float() * len(inputs))
         if metrics is not None:
-            metrics.update(predictions, targets)
+            metrics.update(mesh.whole(predictions), mesh.whole(targets))
         count += len(inputs)
-        if sample is None:  # copies: the next batch may reuse these buffers (compiled CUDA graphs)
-            sample = {"input": inputs[0].clone(), "target": targets[0].clone(), "prediction": predictions[0].clone()}
+        if sample is None and mesh.whole_fields:  # copies: the next batch may reuse these buffers (CUDA graphs)
+            sample = {name: mesh.whole(tensor[:1])[0].clone()
+                      for name, tensor in (("input", inputs), ("target", targets), ("prediction", predictions))}
     model.train()
     mean = all_reduce_mean(torch.stack(totals).sum() / count, world).item()  # waits for the device
-    return mean, {name: tensor.float().cpu().numpy() for name, tensor in sample.items()}
+    return mean, sample and {name: tensor.float().cpu().numpy() for name, tensor in sample.items()}
 
 
 # ----------------------------------------------------------------------------- once per epoch
@@ -350,13 +358,13 @@ def main(argv=None, make_step=None, graph_capture=False):
     check_crop_size(params)
     device = pick_device(params, world)
     check_parallel_options(params, world, device, graph_capture)
-    init_process_group(world, device, params)
+    mesh = init_process_group(world, device, params)  # and, under --domain_mesh, the domain groups
     torch.manual_seed(params.seed)
 
     # Data first. Nothing is written before everything is built: a run refused during set-up (a
     # missing file, an option this machine cannot do) leaves no half-made run directory behind.
     logging.info("rank %d, begin data loader init", world.rank)
-    train_loader, val_loader = get_data_loader_distributed(params, world.rank, device, world.size)
+    train_loader, val_loader = get_data_loader_distributed(params, mesh.data_rank, device, mesh.data_size, mesh.block)
     logging.info("rank %d, data loader initialized with config %s", world.rank, params.data_loader_config)
     steps_per_epoch = len(train_loader)
     check_profiling_options(params, steps_per_epoch)
@@ -367,14 +375,14 @@ def main(argv=None, make_step=None, graph_capture=False):
     # Order: the parallel wrapper first (FSDP replaces the parameters the optimiser must hold), then
     # the optimiser, and compilation last, around everything (it is lazy: nothing is traced yet):
     # the step compiles model and loss as one function, validation the model alone.
-    model = parallelize(build_model(params, device), params, world, device, graph_capture)
+    model = parallelize(build_model(params, device, mesh), params, world, device, graph_capture)
     optimizer = build_optimizer(params, model, capturable=graph_capture)
     precision = Precision(params.amp_mode, device, cache=not graph_capture)
     loss_fn = build_loss(params)
     step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
     model = compile_model(model, params)
     move = functools.partial(to_device, device=device, memory_format=memory_format(params))
-    validation = functools.partial(validate, model, val_loader, loss_fn, precision, move, world)
+    validation = functools.partial(validate, model, val_loader, loss_fn, precision, move, world, mesh)
 
     # The checkpoint's states (one that does not fit is refused first), then the run directory.
     position = resume(run_dir, model, optimizer, precision.scaler) if params.resume else Position()

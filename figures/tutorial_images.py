@@ -17,6 +17,8 @@
   benchmarks.scaling``).
 - ``scaling_model.png``: bs64_opt's weak and strong scaling on Perlmutter and DGX H100 nodes as
   ``benchmarks/scaling_model.py`` predicts them.
+- ``domain_halo.png``: the blocks of a crop split over ``--domain_mesh=[2,2,1]`` and one rank's halo,
+  drawn from the code's own block arithmetic (``utils/distributed.py``) and halo width (``utils/halo.py``).
 - ``profile_<folder>_<rung>.png``: a timeline of two steps of each committed torch profiler trace,
   listed in ``profiles.json`` of ``sample_nsys_profiles/`` and ``example_logs/cpu_profiles/``
   (written by ``python -m benchmarks.profiles``).
@@ -234,6 +236,51 @@ def scaling_figures(results, out_dir):
     return written
 
 
+def domain_figure(path, crop=16, mesh=(2, 2, 1)):
+    """One depth-height slice of a ``crop``^3 crop split over ``mesh``: each rank's block (from
+    ``DomainMesh.block_in``), and rank 0's halo, the voxels its convolutions read from the neighbours:
+    ``HALO`` voxels beyond each face it shares, the depth faces first, then the height faces with the
+    depth halo included (which brings the corner voxel of the diagonal neighbour)."""
+    from matplotlib.patches import Rectangle
+
+    from utils.distributed import DomainMesh
+    from utils.halo import HALO
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.6, 5.2), dpi=100)
+    colours = ["#8ecae6", "#ffb703", "#90be6d", "#f28482"]
+    blocks = []
+    for index in range(mesh[0] * mesh[1]):
+        block = DomainMesh(shape=mesh, coords=(index // mesh[1], index % mesh[1], 0)).block_in(crop)
+        (d0, d1), (h0, h1), _ = block
+        blocks.append(block)
+        ax.add_patch(Rectangle((h0, d0), h1 - h0, d1 - d0, facecolor=colours[index], edgecolor="black", lw=1.5))
+        ax.text((h0 + h1) / 2, (d0 + d1) / 2, f"rank {index}\nblock {d1 - d0} x {h1 - h0} x {crop}",
+                ha="center", va="center", fontsize=9)
+    (d0, d1), (h0, h1), _ = blocks[0]
+    depth_halo = Rectangle((h0, d1), h1 - h0, HALO, fill=False, hatch="///", edgecolor="black", lw=0)
+    height_halo = Rectangle((h1, d0), HALO, d1 - d0 + HALO, fill=False, hatch="\\\\\\", edgecolor="black", lw=0)
+    for patch in (depth_halo, height_halo):
+        ax.add_patch(patch)
+    ax.annotate("1: depth halo from rank 2", (h0 + (h1 - h0) / 2, d1 + HALO / 2), (h0 + 0.5, d1 + 6.5),
+                arrowprops={"arrowstyle": "->"}, fontsize=9)
+    ax.annotate("2: height halo from rank 1\n(its last voxel: rank 3's,\nvia rank 1's depth halo)",
+                (h1 + HALO / 2, d0 + (d1 - d0) / 2), (h1 + 2.2, d0 + 1.5), arrowprops={"arrowstyle": "->"}, fontsize=9)
+    for t in range(crop + 1):  # the voxel grid
+        ax.plot([0, crop], [t, t], color="white", lw=0.3)
+        ax.plot([t, t], [0, crop], color="white", lw=0.3)
+    ax.set_xlim(0, crop)
+    ax.set_ylim(crop, 0)
+    ax.set_aspect("equal")
+    ax.set_xlabel("height (voxels)")
+    ax.set_ylabel("depth (voxels)")
+    ax.set_title(f"--domain_mesh={list(mesh)}: a {crop}^3 crop, one depth-height slice;\n"
+                 f"hatched: rank 0's halo before each convolution", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Make the tutorial's figures from example_logs/.")
     parser.add_argument("--run", default=os.path.join(ROOT, "example_logs", "demo"),
@@ -275,6 +322,8 @@ def main(argv=None):
     for folder in args.profiles:
         for name in profile_figures(folder, args.out_dir):
             print(f"wrote {name} from {os.path.relpath(folder, ROOT)}")
+    domain_figure(os.path.join(args.out_dir, "domain_halo.png"))
+    print("wrote domain_halo.png from utils/distributed.py's blocks and utils/halo.py's halo width")
     if args.no_browser:
         return
     from figures import tensorboard_screenshot

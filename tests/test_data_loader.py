@@ -160,3 +160,17 @@ def test_on_a_gpu_lowmem_workers_start_from_a_forkserver_and_inmem_ones_fork(dat
     inmem, _ = get_data_loaders(make_params(data_files, data_loader_config="inmem", num_data_workers=2), 0, 1,
                                 pin_memory=True)
     assert inmem.multiprocessing_context is None  # fork: the volumes are shared, not copied per worker
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_blocks_of_a_domain_group_make_up_the_undivided_sample(data_files, kind):
+    """Under --domain_mesh=[2,2,1] each rank's loader yields its block of the same turned crops."""
+    params = make_params(data_files, data_loader_config=kind)
+    whole = first_batch(get_data_loader_distributed(params, 0, None)[0], epoch=1)
+    blocks = [((0, 16), (0, 16), (0, 32)), ((0, 16), (16, 32), (0, 32)),
+              ((16, 32), (0, 16), (0, 32)), ((16, 32), (16, 32), (0, 32))]
+    for block in blocks:
+        inputs, targets = first_batch(get_data_loader_distributed(params, 0, None, block=block)[0], epoch=1)
+        window = (slice(None), slice(None), *(slice(a, b) for a, b in block))
+        assert inputs.shape == (4, 4, 16, 16, 32)
+        assert torch.equal(inputs, whole[0][window]) and torch.equal(targets, whole[1][window])

@@ -174,6 +174,9 @@ NOT_RUN = [
 # the runs CPU runs on a GPU machine too.
 TINY = ("--Nsamples=16 --Nsamples_val=8 --num_epochs=1 --device=cpu --preview_image=false --val_metrics=false "
         "--checkpoint=false")
+# The domain_demo's 128^3 crops in two steps of one sample each.
+DOMAIN_TINY = ("--Nsamples=4 --Nsamples_val=2 --num_epochs=1 --device=cpu --preview_image=false --val_metrics=false "
+               "--checkpoint=false")
 # The full-width, full-scale configs (base, short) shrunk to what a 2-core CPU trains in a second.
 SMALL_MODEL = "--crop_size=32 --base_channels=4 --global_batch_size=4 --full_scale=false"
 # benchy_config.yaml with 2 batches, 1 warm-up and 1 timed trial per kind: the trials take 4 epochs.
@@ -370,6 +373,14 @@ def benchy_run(name, *extra):
             f"--num_epochs=4 {' '.join(extra)}")
 
 
+def check_domain(scratch, output):
+    with open(os.path.join(scratch, "domain_out", "domain.json")) as f:
+        rows = json.load(f)["rows"]
+    assert [(row["crop"], row["ranks"]) for row in rows] == [(128, 1), (128, 2)]
+    assert all(row["saved_bytes"] == row["predicted_saved_bytes"] for row in rows), rows
+    assert rows[1]["halo_bytes"] == rows[1]["predicted_halo_bytes"] > 0
+
+
 # The README command, exactly as extracted (one line, single spaces), and how it is run.
 RUN = {
     "make data": Run(data=False, check=check_generated(128, 64)),
@@ -453,6 +464,13 @@ RUN = {
         data=False, check=check_png("model.png")),
     "torchrun --standalone --nproc_per_node=2 -m benchmarks.allreduce": Run(
         data=False, append="--repeats 1 --warmup 0", check=check_output("ALLREDUCE ranks=2 bytes=4096 ")),
+    # Domain parallelism: two steps on 128^3 crops (the domain_demo's own size), on two ranks and on one.
+    "torchrun --nproc_per_node=2 train.py --config=domain_demo": Run(
+        append=DOMAIN_TINY, data=False, check=check_run("domain_demo", devices="2CPU", domain_mesh=[2, 1, 1])),
+    'python train.py --config=domain_demo "--domain_mesh=[1,1,1]"': Run(
+        append=DOMAIN_TINY, data=False, check=check_run("domain_demo", domain_mesh=[1, 1, 1])),
+    "python -m benchmarks.domain --crops 128 256 --ranks 1 2 4": Run(
+        append="--base_channels 4 --crops 128 --ranks 1 2 --out_dir domain_out", data=False, check=check_domain),
     # Its inputs come from the sbatch loop above; here from two real one-rank CPU benchy runs.
     "python -m benchmarks.plot_scaling --ddp scaling/ddp_*.json --noddp scaling/noddp_*.json --out scaling.png": Run(
         before=(benchy_run("ddp_1"), benchy_run("noddp_1", "--noddp")),

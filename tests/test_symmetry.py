@@ -24,6 +24,7 @@ from utils.symmetry import (
     matrices,
     random_element,
     random_element_indices,
+    source_box,
 )
 
 
@@ -307,3 +308,16 @@ def test_apply_torch_does_not_synchronise_with_the_host():
         apply_torch(batch, indices, [(1, 2, 3)])
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_source_box_turns_into_the_block_for_every_element():
+    """Domain parallelism: a rank reads only the box of the unturned crop that becomes its block."""
+    rng = np.random.default_rng(0)
+    crop = rng.standard_normal((4, 8, 8, 8)).astype(np.float32)
+    blocks = [((0, 4), (0, 8), (0, 8)), ((4, 8), (0, 4), (0, 8)), ((2, 6), (4, 8), (0, 2))]
+    for element in ELEMENTS:
+        whole = apply_numpy(crop, element, [(1, 2, 3)])
+        for block in blocks:
+            box = source_box(element, block, 8)
+            part = apply_numpy(crop[(slice(None), *(slice(a, b) for a, b in box))], element, [(1, 2, 3)])
+            np.testing.assert_array_equal(part, whole[(slice(None), *(slice(a, b) for a, b in block))])

@@ -231,6 +231,13 @@ def test_the_run_options_and_the_config_are_resolved_into_one_object():
     assert params.profile_steps == 7  # what the user gives stays
 
 
+def test_under_a_domain_mesh_the_batch_splits_over_the_data_parallel_groups():
+    """8 ranks in domain groups of 4 are 2 data-parallel groups: --local_batch_size=3 makes a global batch of 6."""
+    params = load_params(["--config=domain_demo", "--domain_mesh=[4,1,1]", "--local_batch_size=3"], world_size=8)
+    assert (params.domain_mesh, params.global_batch_size) == ([4, 1, 1], 6)
+    assert load_params(["--config=domain_demo"], world_size=2).global_batch_size == 2  # one group: the config's
+
+
 def test_a_global_batch_that_does_not_divide_over_the_ranks_is_refused():
     with pytest.raises(UserError, match="global_batch_size=8 does not divide over 3 ranks"):
         load_params(["--config=demo"], world_size=3)

@@ -228,6 +228,7 @@ def load_params(argv, world_size=1, null_defaults=None):
                             f" Every key of the config can be overridden as --key=value; the keys of "
                             f"'{params.config_name}' are listed in {params.yaml_filename}.")
         params[key] = coerce(key, value, params[key])
+    world_size = data_parallel_size(params.get("domain_mesh"), world_size)
     local = options["local_batch_size"]
     if local is not None:
         if not isinstance(local, int) or isinstance(local, bool) or local < 1:
@@ -262,6 +263,17 @@ class BareFlag:
 
 
 TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list: "a list"}
+
+
+def data_parallel_size(domain_mesh, world_size):
+    """The ranks that split the global batch: under ``--domain_mesh`` the ranks of a domain group share
+    their samples, so the batch splits over the data-parallel groups only. A mesh that does not divide
+    the world is left to utils.distributed.check_domain_options to refuse."""
+    try:
+        size = domain_mesh[0] * domain_mesh[1] * domain_mesh[2]
+    except (TypeError, IndexError):
+        return world_size
+    return world_size // size if isinstance(size, int) and size >= 1 and world_size % size == 0 else world_size
 
 
 def coerce(key, value, default):

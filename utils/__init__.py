@@ -8,20 +8,21 @@ import math
 NATIVE_LOADERS = ("synthetic", "inmem", "lowmem")
 
 
-def get_data_loader_distributed(params, world_rank, device=None, world_size=1):
+def get_data_loader_distributed(params, world_rank, device=None, world_size=1, block=None):
     """``(train_loader, val_loader)`` for ``params.data_loader_config``: rank ``world_rank``'s share.
 
     ``device`` is the training device (a ``torch.device``; None is the CPU). On a GPU the native
     loaders pin their batches so that the copy to the device can overlap with compute,
     ``gpu-inmem`` keeps the volumes on it and cuts the crops there, and ``dali-lowmem`` augments
-    there. ``world_size`` ranks share each epoch's samples.
+    there. ``world_size`` ranks share each epoch's samples. ``block`` (domain parallelism, native
+    loaders): ``(start, stop)`` per axis, the part of every crop this rank reads and trains on.
     """
     kind = params.data_loader_config
     if kind in NATIVE_LOADERS:
         from utils.data_loader import get_data_loaders
 
         on_gpu = device is not None and device.type == "cuda"
-        return get_data_loaders(params, world_rank, world_size, pin_memory=on_gpu)
+        return get_data_loaders(params, world_rank, world_size, pin_memory=on_gpu, block=block)
     if kind == "gpu-inmem":
         from utils.data_loader_gpu import get_data_loaders
 

@@ -127,10 +127,12 @@ class CropSpec:
     split: int
     elements: tuple
     channel_groups: tuple  # ((channels, velocity triplets) of the input, then of the target)
+    block: tuple = None    # domain parallelism: this rank's (start, stop) per axis of the turned crop
 
     @classmethod
-    def from_params(cls, params, split, box_side, augment, source):
-        """The split's specification; refuses a crop larger than the box of ``source`` (a file)."""
+    def from_params(cls, params, split, box_side, augment, source, block=None):
+        """The split's specification; refuses a crop larger than the box of ``source`` (a file).
+        ``block``: the part of each turned crop this rank trains on (None: all of it)."""
         if params.crop_size > box_side:
             raise UserError(f"crop_size={params.crop_size} is larger than the box side {box_side} of {source}. "
                             f"Use --crop_size={box_side} or less, or a larger box (python -m "
@@ -142,7 +144,7 @@ class CropSpec:
         return cls(params.crop_size, box_side, params.seed, split,
                    tuple(symmetry.group(params.augment if augment else "none")),
                    ((params.N_in_channels, triplets(params.nbody_vector_channels)),
-                    (params.N_out_channels, triplets(params.hydro_vector_channels))))
+                    (params.N_out_channels, triplets(params.hydro_vector_channels))), block)
 
     @property
     def corner_high(self):
@@ -157,9 +159,16 @@ class CropSpec:
         element = self.elements[rng.integers(len(self.elements))]
         return corner, element
 
-    def window(self, corner):
-        """The index of the crop at ``corner`` in a channel-first volume."""
-        return (slice(None), *(slice(int(c), int(c) + self.crop_size) for c in corner))
+    def window(self, corner, box=None):
+        """The index of the crop at ``corner`` (or of ``box``, ``(start, stop)`` per axis inside
+        it) in a channel-first volume."""
+        box = box or ((0, self.crop_size),) * 3
+        return (slice(None), *(slice(int(c) + start, int(c) + stop) for c, (start, stop) in zip(corner, box)))
+
+    def source_box(self, element):
+        """The box of the unturned crop that holds this rank's block after turning by ``element``
+        (None: the whole crop, when there is no block)."""
+        return None if self.block is None else symmetry.source_box(element, self.block, self.crop_size)
 
 
 class RandomCropDataset(Dataset):
@@ -171,13 +180,16 @@ class RandomCropDataset(Dataset):
     def __len__(self):
         return self.num_samples
 
-    def read_crop(self, corner, key):
-        """Input and target voxels of sample ``key``'s crop at ``corner``, channel first, float32."""
+    def read_crop(self, corner, key, box=None):
+        """Input and target voxels of sample ``key``'s crop at ``corner``, channel first, float32;
+        only ``box`` of it when there is one (see :meth:`CropSpec.window`)."""
         raise NotImplementedError
 
     def __getitem__(self, key):
         corner, element = self.spec.draw(key)
-        nbody, hydro = self.read_crop(corner, key)
+        # Under domain parallelism every rank of a group draws the same corner and element (the key
+        # decides both) and reads only the box that becomes its block once turned.
+        nbody, hydro = self.read_crop(corner, key, box=self.spec.source_box(element))
         (_, nbody_vectors), (_, hydro_vectors) = self.spec.channel_groups
         nbody = symmetry.apply_numpy(nbody, element, nbody_vectors)
         hydro = symmetry.apply_numpy(hydro, element, hydro_vectors)
@@ -187,13 +199,14 @@ class RandomCropDataset(Dataset):
 class SyntheticDataset(RandomCropDataset):
     """Normal random numbers in place of the data, new for every sample: no file access."""
 
-    def read_crop(self, corner, key):
+    def read_crop(self, corner, key, box=None):
         rng = np.random.default_rng((self.spec.seed, self.spec.split, *key, 1))
         shape = (self.spec.crop_size,) * 3
         (n_in, _), (n_out, _) = self.spec.channel_groups
         nbody = rng.standard_normal(size=(n_in, *shape), dtype=np.float32)
         hydro = rng.standard_normal(size=(n_out, *shape), dtype=np.float32)
-        return nbody, hydro
+        window = self.spec.window((0, 0, 0), box)  # a block's numbers are those of the whole crop
+        return nbody[window], hydro[window]
 
 
 class InMemoryDataset(RandomCropDataset):
@@ -207,8 +220,8 @@ class InMemoryDataset(RandomCropDataset):
             self.nbody = f["Nbody"][...].astype(np.float32, copy=False)
             self.hydro = f["Hydro"][...].astype(np.float32, copy=False)
 
-    def read_crop(self, corner, key):
-        window = self.spec.window(corner)
+    def read_crop(self, corner, key, box=None):
+        window = self.spec.window(corner, box)
         return self.nbody[window], self.hydro[window]
 
 
@@ -220,11 +233,11 @@ class LowMemDataset(RandomCropDataset):
         self.path = path
         self._file, self._pid = None, None
 
-    def read_crop(self, corner, key):
+    def read_crop(self, corner, key, box=None):
         # A handle opened before a fork must not be shared, so each process opens its own.
         if self._pid != os.getpid():
             self._file, self._pid = h5py.File(self.path, "r"), os.getpid()
-        window = self.spec.window(corner)
+        window = self.spec.window(corner, box)
         nbody = self._file["Nbody"][window].astype(np.float32, copy=False)
         hydro = self._file["Hydro"][window].astype(np.float32, copy=False)
         return nbody, hydro
@@ -234,14 +247,14 @@ class LowMemDataset(RandomCropDataset):
         return {**self.__dict__, "_file": None, "_pid": None}
 
 
-def build_dataset(params, path, num_samples, split, augment):
+def build_dataset(params, path, num_samples, split, augment, block=None):
     """The split's dataset for the native loader kinds (after checking the file's layout)."""
     kind = params.data_loader_config
     if kind == "synthetic":
-        return SyntheticDataset(CropSpec.from_params(params, split, params.crop_size, augment, "synthetic"),
-                                num_samples)
+        return SyntheticDataset(CropSpec.from_params(params, split, params.crop_size, augment, "synthetic",
+                                                     block), num_samples)
     box_side = inspect_volume(path, params.N_in_channels, params.N_out_channels)
-    spec = CropSpec.from_params(params, split, box_side, augment, path)
+    spec = CropSpec.from_params(params, split, box_side, augment, path, block)
     return (InMemoryDataset if kind == "inmem" else LowMemDataset)(spec, num_samples, path)
 
 
@@ -291,8 +304,10 @@ def worker_context(kind, pin_memory, workers):
     return context
 
 
-def get_data_loaders(params, world_rank, world_size, pin_memory):
-    """Training and validation loaders yielding ``(input, target)`` of shape (B, 4|5, S, S, S)."""
+def get_data_loaders(params, world_rank, world_size, pin_memory, block=None):
+    """Training and validation loaders yielding ``(input, target)`` of shape (B, 4|5, S, S, S), or of
+    this rank's ``block`` of each crop (domain parallelism: ``world_rank`` and ``world_size`` then
+    count the data-parallel groups, whose ranks all draw the same samples)."""
     local_batch_size = params.global_batch_size // world_size
     batch_bytes = local_batch_size * (params.N_in_channels + params.N_out_channels) * params.crop_size**3 * 4
     # Ranks of this node: one per GPU on a GPU, all of them on a CPU machine.
@@ -308,7 +323,7 @@ def get_data_loaders(params, world_rank, world_size, pin_memory):
     for path, num_samples, split in ((params.train_path, params.Nsamples, TRAIN_SPLIT),
                                      (params.val_path, params.Nsamples_val, VALID_SPLIT)):
         is_train = split == TRAIN_SPLIT
-        dataset = build_dataset(params, path, num_samples, split, augment=is_train)
+        dataset = build_dataset(params, path, num_samples, split, augment=is_train, block=block)
         sampler = CropSampler(num_samples, world_size, world_rank, fixed_epoch=None if is_train else 0)
         loaders.append(ShieldedDataLoader(
             dataset,

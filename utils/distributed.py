@@ -19,6 +19,7 @@ after ``dist_timeout_s``, and :func:`exit_on_lost_rank` turns the resulting erro
 that names the likely cause. On CUDA the NCCL watchdog enforces the timeout (see
 :func:`init_process_group`).
 """
+import dataclasses
 import datetime
 import functools
 import inspect
@@ -71,6 +72,143 @@ def read_world():
                         "under Slurm, by export_DDP_vars.sh.") from None
 
 
+@dataclass(frozen=True)
+class DomainMesh:
+    """This rank's place in the 2-D mesh of ranks: data-parallel groups x domain groups.
+
+    ``world_size = data_size * prod(shape)``. The ranks of one domain group (consecutive ranks, so
+    that a group sits on one node) train on the same samples, each on its block of the crop: block
+    ``coords`` of a crop split ``shape[0]`` ways along depth, ``shape[1]`` along height and
+    ``shape[2]`` along width. Different domain groups (the data-parallel axis) train on different
+    samples. ``group`` is the domain group's own process group, so that halo messages never queue
+    behind DDP's gradient all-reduces; ``neighbours`` holds, per axis, the global ranks of the blocks
+    below and above (None at the crop's faces). Without a mesh (the default): one block per rank.
+    """
+    shape: tuple = (1, 1, 1)
+    data_size: int = 1
+    data_rank: int = 0
+    coords: tuple = (0, 0, 0)
+    group: object = None
+    neighbours: tuple = ((None, None),) * 3
+    whole_fields: bool = True  # validation gathers each sample's whole fields (metrics, preview)
+    block: tuple = None        # this rank's block of the crop (``block_in(crop_size)``); None: all of it
+
+    @property
+    def size(self):
+        """Ranks per domain group."""
+        return self.shape[0] * self.shape[1] * self.shape[2]
+
+    def block_in(self, crop_size):
+        """This rank's block of a ``crop_size``^3 crop: ``(start, stop)`` per axis (D, H, W)."""
+        return tuple((c * crop_size // n, (c + 1) * crop_size // n) for c, n in zip(self.coords, self.shape))
+
+    def whole(self, blocks):
+        """The whole crops of a (B, C, d, h, w) batch of blocks, on every rank of the domain group: an
+        all-gather of whole volumes, for validation only (training never gathers)."""
+        if self.size == 1:
+            return blocks
+        parts = [torch.empty_like(blocks) for _ in range(self.size)]
+        dist.all_gather(parts, blocks.contiguous(), group=self.group)
+        d, h, w = self.shape  # the group's ranks hold the blocks in row-major order of their coords
+        rows = [torch.cat([torch.cat(parts[(i * h + j) * w:(i * h + j + 1) * w], dim=4) for j in range(h)], dim=3)
+                for i in range(d)]
+        return torch.cat(rows, dim=2)
+
+
+def build_domain_mesh(params, world, device):
+    """The mesh for ``params.domain_mesh``; every rank calls it (each domain group's process group is
+    made by all ranks together, in the same order). See :func:`check_domain_options` for what is refused.
+
+    Validation's physics metrics and preview need each sample's whole fields, gathered over the domain
+    group. When one validation batch of them (input, target, prediction) would take more than half of
+    the memory free now, they are switched off (``val_metrics``, ``preview_image``) with a log line.
+    """
+    shape = tuple(params.domain_mesh) if params is not None else (1, 1, 1)
+    size = shape[0] * shape[1] * shape[2]
+    if size == 1:
+        return DomainMesh(data_size=world.size, data_rank=world.rank)
+    data_rank, index = divmod(world.rank, size)
+    coords = (index // (shape[1] * shape[2]), index // shape[2] % shape[1], index % shape[2])
+    group = None
+    for first in range(0, world.size, size):
+        ranks = list(range(first, first + size))
+        made = dist.new_group(ranks)
+        if world.rank in ranks:
+            group = made
+    strides = (shape[1] * shape[2], shape[2], 1)
+    neighbours = tuple((world.rank - stride if c > 0 else None, world.rank + stride if c < n - 1 else None)
+                       for c, n, stride in zip(coords, shape, strides))
+    logging.info("Domain parallel: mesh %s, %d data-parallel group(s) of %d ranks; rank %d holds block %s",
+                 list(shape), world.size // size, size, world.rank, list(coords))
+    whole_fields = whole_fields_fit(params, world.size // size, device)
+    mesh = DomainMesh(shape, world.size // size, data_rank, coords, group, neighbours, whole_fields)
+    return dataclasses.replace(mesh, block=mesh.block_in(params.crop_size))
+
+
+def whole_fields_fit(params, data_size, device):
+    """Whether a validation batch's whole fields fit in half the free memory; if not, the metrics and
+    the preview, which need them, are switched off (with a log line saying so)."""
+    channels = params.N_in_channels + 2 * params.N_out_channels
+    needed = params.global_batch_size // data_size * channels * params.crop_size ** 3 * 4
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        pages = os.sysconf("SC_AVPHYS_PAGES") if "SC_AVPHYS_PAGES" in getattr(os, "sysconf_names", {}) else None
+        free = pages * os.sysconf("SC_PAGE_SIZE") if pages else None
+    if free is None or needed <= free / 2 or not (params.val_metrics or params.preview_image):
+        return True
+    logging.info("Validation metrics and preview skipped: gathering a validation batch's whole fields "
+                 "(%.1f GiB) would take more than half of the %.1f GiB free on this rank.", needed / 2**30,
+                 free / 2**30)
+    params["val_metrics"], params["preview_image"] = False, False
+    return False
+
+
+def check_domain_crop(shape, crop_size, size_multiple):
+    """Refuse a ``domain_mesh`` that is not three positive integers, or whose blocks the U-Net cannot
+    halve ``log2(size_multiple)`` times (``size_multiple``: what the undivided crop must be a multiple of)."""
+    if not (isinstance(shape, list) and len(shape) == 3
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape)):
+        raise UserError(f"--domain_mesh={shape} is invalid: it takes three positive integers, the ranks "
+                        "along depth, height and width of the crop, e.g. --domain_mesh=[2,1,1].")
+    if any(crop_size % (n * size_multiple) for n in shape):
+        side = max(shape) * size_multiple
+        raise UserError(f"crop_size={crop_size} is too small for --domain_mesh={shape}: every level of the "
+                        f"U-Net halves each rank's block, so the block's side along every axis must be a "
+                        f"multiple of {size_multiple}. The smallest crop for this mesh is --crop_size={side}; "
+                        "or use a mesh with fewer ranks per axis.")
+
+
+def check_domain_options(params, world, graph_capture):
+    """Refuse a ``domain_mesh`` that cannot work with the run's other options, with the fix."""
+    shape = params.domain_mesh
+    size = shape[0] * shape[1] * shape[2]
+    if size == 1:
+        return
+    if world.size % size:
+        raise UserError(f"--domain_mesh={shape} needs a multiple of {size} ranks (one domain group of {size} "
+                        f"ranks per data-parallel group), and this run has {world.size}. Start "
+                        f"{size} x N ranks (torchrun --nproc_per_node={size}), or change --domain_mesh.")
+    refused = {"noddp": "the ranks of a domain group must add up their blocks' gradients",
+               "channels_last": "the halo exchange is written and tested for the default (channel-first) "
+                                "memory layout only"}
+    for key, reason in refused.items():
+        if params[key]:
+            raise UserError(f"--domain_mesh={shape} cannot be combined with --{key}: {reason}. Drop one of the "
+                            "two options.")
+    if graph_capture:
+        raise UserError(f"--domain_mesh={shape} cannot run in train_graph.py: the halo exchange's "
+                        "point-to-point messages are not captured in the CUDA graph. Train with train.py.")
+    if params.jit_mode == "compile":
+        raise UserError(f"--domain_mesh={shape} cannot be combined with --jit_mode=compile: the halo exchange "
+                        "(an autograd function around point-to-point messages) has not been made to compile, "
+                        "nor tested compiled. Use --jit_mode=none or script.")
+    if params.data_loader_config not in ("synthetic", "inmem", "lowmem"):
+        raise UserError(f"--domain_mesh={shape} needs a loader that reads one block of the crop per rank: "
+                        f"synthetic, inmem or lowmem, not {params.data_loader_config}. Use "
+                        "--data_loader_config=lowmem (or inmem).")
+
+
 # PyTorch's CUDA-graph notes: DDP must run at least 11 eager iterations before a capture. DDP gathers
 # runtime statistics (its logging sample rate) over iterations 1 to 10, with host work that a graph cannot
 # replay; its buckets are rebuilt once, after iteration 1, well before that.
@@ -83,6 +221,7 @@ def check_parallel_options(params, world, device, graph_capture=False):
     Called on every rank with the same options, so every rank refuses the same way. ``device``: the
     device the ranks train on; ``graph_capture``: the step is captured in a CUDA graph (train_graph.py).
     """
+    check_domain_options(params, world, graph_capture)
     if params.parallel == "fsdp" and params.noddp:
         raise UserError("--parallel=fsdp cannot be combined with --noddp: FSDP needs communication to "
                         "gather each block's sharded weights, so there is no FSDP run without it. Use "
@@ -155,10 +294,13 @@ def init_process_group(world, device, params=None):
     operation timeout" and ends the process. ``TORCH_NCCL_BLOCKING_WAIT=1`` would raise the timeout
     in Python instead, but makes the CPU wait for every collective, a host sync in the hot loop, so
     it is left to users.
+
+    Returns this rank's :class:`DomainMesh` (data-parallel groups x domain groups), made here
+    because its domain groups are process groups too.
     """
     global _timeout_s
     if world.size == 1:
-        return
+        return DomainMesh()
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
     if missing:
         raise UserError(f"WORLD_SIZE={world.size} but {' and '.join(missing)} is not set, so the ranks "
@@ -187,6 +329,7 @@ def init_process_group(world, device, params=None):
                         "was started with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT, that "
                         "MASTER_ADDR is the node running rank 0 and is reachable from this node, and "
                         "that no rank failed before joining (see its output).") from None
+    return build_domain_mesh(params, world, device)
 
 
 def first_line(error):

@@ -196,6 +196,21 @@ def random_element(generator: np.random.Generator, kind: str = "full") -> Symmet
     return ELEMENTS[int(random_element_indices(generator, 1, kind)[0])]
 
 
+def source_box(element: SymmetryElement, block, size: int) -> tuple[tuple[int, int], ...]:
+    """The box of an unturned ``size``^3 crop that ``element`` turns into ``block`` of the turned one.
+
+    ``block`` is ``(start, stop)`` along each axis of the turned crop (one rank's block under domain
+    parallelism); the answer is ``(start, stop)`` along each axis of the crop before turning, so that
+    ``apply_numpy(crop[box], element) == apply_numpy(crop, element)[block]``: a rank reads only its
+    box and turns only that. Output axis ``i`` reads input axis ``perm[i]``, reversed when
+    ``signs[i] == -1``.
+    """
+    box = [None, None, None]
+    for i, (start, stop) in enumerate(block):
+        box[element.perm[i]] = (start, stop) if element.signs[i] == 1 else (size - stop, size - start)
+    return tuple(box)
+
+
 def _check_vector_channels(vector_channels, n_channels: int) -> tuple[tuple[int, int, int], ...]:
     """Normalise ``vector_channels`` to a tuple of int triplets and reject impossible ones.
 

@@ -1,0 +1,182 @@
+"""The halo exchange (utils/halo.py) on real gloo ranks: a block's convolutions equal the undivided ones.
+
+Each test starts tests/domain_worker.py as separate processes with the environment torchrun sets;
+every rank computes the undivided layer or U-Net itself and writes how far its block's result is
+from it. The mesh and its checks (utils/distributed.py) are tested here too, without processes.
+"""
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import ROOT
+from networks.UNet import UNet
+from utils import distributed, halo
+from utils.distributed import DomainMesh, World
+from utils.errors import UserError
+
+WORKER = os.path.join(ROOT, "tests", "domain_worker.py")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(scenario, mesh, out_dir, world_size=2, timeout=300):
+    """Run the worker on ``world_size`` ranks; return every rank's JSON result."""
+    port, processes, text = free_port(), [], ",".join(map(str, mesh))
+    with contextlib.ExitStack() as stack:
+        for rank in range(world_size):
+            env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+            log = stack.enter_context(open(out_dir / f"{scenario}-{text}.rank{rank}.log", "w"))
+            processes.append(subprocess.Popen([sys.executable, WORKER, scenario, text, str(out_dir)], cwd=ROOT,
+                                              env=env, stdout=log, stderr=subprocess.STDOUT))
+        try:
+            for process in processes:
+                process.wait(timeout=timeout)
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+    logs = "\n".join((out_dir / f"{scenario}-{text}.rank{rank}.log").read_text() for rank in range(world_size))
+    assert [p.returncode for p in processes] == [0] * world_size, logs[-4000:]
+    return [json.loads((out_dir / f"{scenario}-{text}.rank{rank}.json").read_text()) for rank in range(world_size)]
+
+
+AXES = [[2, 1, 1], [1, 2, 1], [1, 1, 2]]
+
+
+@pytest.mark.parametrize("mesh", AXES, ids=["depth", "height", "width"])
+def test_sharded_conv_and_transposed_conv_equal_the_undivided_ones_in_float64(mesh, tmp_path):
+    for result in run_ranks("layers", mesh, tmp_path):
+        for layer in ("Conv3d", "ConvTranspose3d"):
+            for quantity, difference in result[layer].items():
+                assert difference < 1e-12, (mesh, layer, quantity, difference)
+
+
+def test_under_bf16_autocast_the_block_computes_in_bf16_and_returns_float32_gradients(tmp_path):
+    """As --amp_mode=bf16 runs it: outputs in bf16, gradients in the parameters' and input's float32,
+    within bf16's rounding of the undivided layers' (measured: 3.6e-3 of the largest value at most)."""
+    for result in run_ranks("autocast", [2, 1, 1], tmp_path):
+        for layer in ("Conv3d", "ConvTranspose3d"):
+            assert result[layer]["dtypes"] == ["torch.bfloat16", "torch.float32", "torch.float32"]
+            for quantity in ("output", "input_grad", "weight_grad"):
+                assert result[layer][quantity] < 2e-2, (layer, quantity, result[layer])
+
+
+@pytest.mark.parametrize("mesh", AXES + [[2, 2, 1]], ids=["depth", "height", "width", "2x2"])
+def test_the_small_unet_at_128_on_blocks_equals_the_undivided_one(mesh, tmp_path):
+    """base_channels 4, full scale, 128^3, float32: outputs and summed weight gradients within 1e-4; the
+    halo exchanges counted, and no collective (all-gather of a volume or otherwise) in forward or backward."""
+    size = mesh[0] * mesh[1] * mesh[2]
+    results = run_ranks("unet", mesh, tmp_path, world_size=size)
+    split_axes = sum(n > 1 for n in mesh)
+    for result in results:
+        assert result["output"] < 1e-4
+        assert max(result["grads"].values()) < 1e-4, result["grads"]
+        assert result["names"]  # the parameters keep their names: checkpoints do not change
+        # One exchange per split axis before each of the 12 convolutions (6 down, 5 up, the last); the
+        # backward pass sends the halo gradients back for all but the first, whose input needs none.
+        assert result["halo_convs"] == 12
+        assert result["forward"]["exchanges"] == 12 * split_axes
+        assert result["backward"]["exchanges"] == 11 * split_axes
+        assert result["forward"]["bytes_sent"] > 0
+        assert result["gathers"] == []  # only point-to-point halo messages: no collective on the way
+
+
+def test_pytorch_dtensor_convolution_is_not_the_halo_exchange(tmp_path):
+    """Why utils/halo.py exists: a DTensor sharded along a spatial axis goes through conv3d without an
+    error and comes back the wrong shape (half the outputs along the sharded axis, torch 2.13). If a
+    PyTorch release gets this right, this test fails: then DTensor is worth another look."""
+    for dim, outcome in run_ranks("dtensor", [1, 1, 1], tmp_path)[0].items():
+        correct = outcome.get("shape") == outcome.get("expected") and outcome.get("error", 1) < 1e-12
+        assert not correct, (dim, outcome)
+
+
+def test_no_mesh_leaves_the_model_untouched():
+    model = UNet(4, 5, base_channels=4, full_scale=False)
+    assert halo.split_domain(model, DomainMesh()) is model
+    assert not any(isinstance(module, halo.HaloConv) for module in model.modules())
+
+
+def test_halo_conv_refuses_other_convolutions():
+    mesh = DomainMesh(shape=(2, 1, 1))
+    with pytest.raises(ValueError, match="kernel 4, stride 2, padding 1"):
+        halo.HaloConv(nn.Conv3d(4, 4, kernel_size=3, padding=1), mesh)
+
+
+# ----------------------------------------------------------------------------- the mesh and its checks
+
+class Params(dict):
+    __getattr__ = dict.__getitem__
+
+
+def params(**overrides):
+    return Params({"domain_mesh": [2, 1, 1], "crop_size": 128, "noddp": False, "channels_last": False,
+                   "jit_mode": "none", "data_loader_config": "lowmem", **overrides})
+
+
+def test_blocks_tile_the_crop_in_rank_order():
+    shape, crop = (2, 2, 1), 128
+    blocks = []
+    for index in range(4):
+        coords = (index // 2, index % 2, 0)
+        blocks.append(DomainMesh(shape=shape, coords=coords).block_in(crop))
+    assert blocks == [((0, 64), (0, 64), (0, 128)), ((0, 64), (64, 128), (0, 128)),
+                      ((64, 128), (0, 64), (0, 128)), ((64, 128), (64, 128), (0, 128))]
+
+
+@pytest.mark.parametrize("mesh, crop, smallest", [([2, 1, 1], 64, 128), ([1, 4, 1], 128, 256), ([2, 2, 1], 96, 128)])
+def test_a_crop_too_small_for_the_mesh_is_refused_with_the_smallest_valid_crop(mesh, crop, smallest):
+    with pytest.raises(UserError, match=f"The smallest crop for this mesh is --crop_size={smallest}"):
+        distributed.check_domain_crop(mesh, crop, UNet.size_multiple(True))
+    distributed.check_domain_crop(mesh, smallest, UNet.size_multiple(True))  # and that one is accepted
+
+
+@pytest.mark.parametrize("mesh", [[2, 1], [0, 1, 1], "2,1,1", [2.0, 1, 1], [True, 1, 1]])
+def test_a_malformed_mesh_is_refused(mesh):
+    with pytest.raises(UserError, match="three positive integers"):
+        distributed.check_domain_crop(mesh, 128, 64)
+
+
+@pytest.mark.parametrize("overrides, graph, match", [
+    ({}, False, "needs a multiple of 2 ranks"),
+    ({"noddp": True}, False, "--noddp"),
+    ({"channels_last": True}, False, "--channels_last"),
+    ({"jit_mode": "compile"}, False, "--jit_mode=compile"),
+    ({"data_loader_config": "dali-lowmem"}, False, "synthetic, inmem or lowmem"),
+    ({}, True, "train_graph.py"),
+])
+def test_combinations_that_cannot_work_are_refused(overrides, graph, match):
+    world = World(size=3 if not overrides and not graph else 2)
+    with pytest.raises(UserError, match=match):
+        distributed.check_domain_options(params(**overrides), world, graph)
+
+
+def test_the_default_mesh_refuses_nothing():
+    distributed.check_domain_options(params(domain_mesh=[1, 1, 1], noddp=True, channels_last=True), World(3), True)
+
+
+def test_whole_assembles_the_blocks_in_rank_order(monkeypatch):
+    """DomainMesh.whole's arrangement, with the all-gather replaced by the blocks of a known volume."""
+    volume = torch.arange(2 * 3 * 8 * 8 * 8, dtype=torch.float32).view(2, 3, 8, 8, 8)
+    shape = (2, 2, 1)
+    meshes = [DomainMesh(shape=shape, coords=(i // 2, i % 2, 0)) for i in range(4)]
+    parts = [volume[(slice(None), slice(None), *(slice(a, b) for a, b in mesh.block_in(8)))] for mesh in meshes]
+
+    def all_gather(outputs, tensor, group=None):
+        for output, part in zip(outputs, parts):
+            output.copy_(part)
+
+    monkeypatch.setattr(distributed.dist, "all_gather", all_gather)
+    assert torch.equal(meshes[0].whole(parts[0]), volume)

@@ -1,0 +1,178 @@
+"""Domain parallelism's one idea: exchange a one-voxel halo with the neighbours before every convolution.
+
+Under ``--domain_mesh=[d,h,w]`` the ranks of a domain group share one sample: each holds one block
+of its volume (the crop split d ways along depth, h along height, w along width) and computes the
+U-Net on that block alone. Every convolution of the U-Net (kernel 4, stride 2, padding 1) reads one
+voxel beyond each face of an output's input window: at a face between two blocks that voxel lives
+on the neighbour. So before each convolution a rank sends its first and last slice along every
+split axis to the neighbours there and receives theirs (the halo), pads its block with them, and
+convolves with no padding along that axis (where the block touches the crop's face there is no
+neighbour and the halo is zeros, the convolution's own padding). The outputs are then exactly the
+undivided model's, block by block.
+
+The backward pass is the same exchange in reverse: the gradient that arrives for a halo voxel
+belongs to the neighbour who sent it, so it is sent back and added to that neighbour's face.
+:class:`HaloConvFunction` is that pair around the convolution, an autograd function on
+``torch.distributed`` point-to-point messages (NCCL between GPUs, gloo between CPU processes), two
+sends and two receives per split axis in one batch (:func:`swap_faces`). Exchanging along depth
+first, then height (with the depth halo included), then width fills the edges and corners too, so a
+2 x 2 mesh needs no diagonal messages.
+
+:func:`split_domain` swaps each convolution of a model for a :class:`HaloConv` holding the same
+parameters under the same names (checkpoints do not change); with a mesh of one rank it returns the
+model untouched, so nothing here costs anything unless a mesh is set. ``networks/UNet.py`` stays
+the plain model.
+"""
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+HALO = 1  # voxels beyond each face that a kernel-4, stride-2, padding-1 convolution reads
+
+# What the exchanges did since the last reset_counters(): how many, and the bytes this rank sent.
+COUNTERS = {"exchanges": 0, "bytes_sent": 0}
+
+
+def reset_counters():
+    COUNTERS.update(exchanges=0, bytes_sent=0)
+
+
+def swap_faces(to_lower, to_upper, lower, upper, group):
+    """Send ``to_lower`` to rank ``lower`` and ``to_upper`` to rank ``upper``; receive what they send
+    back (zeros where there is no neighbour, at the crop's faces). One batch of point-to-point
+    messages, so the two directions travel at the same time."""
+    from_lower, from_upper = torch.zeros_like(to_lower), torch.zeros_like(to_upper)
+    operations = []
+    for peer, outgoing, incoming in ((lower, to_lower, from_lower), (upper, to_upper, from_upper)):
+        if peer is not None:
+            operations += [dist.P2POp(dist.isend, outgoing.contiguous(), peer, group),
+                           dist.P2POp(dist.irecv, incoming, peer, group)]
+            COUNTERS["bytes_sent"] += outgoing.numel() * outgoing.element_size()
+    COUNTERS["exchanges"] += 1
+    if operations:  # every rank of the group calls this in the same layer, as NCCL's first call needs
+        for request in dist.batch_isend_irecv(operations):
+            request.wait()  # NCCL: the compute stream waits for the messages, the host does not
+    return from_lower, from_upper
+
+
+def add_halo(x, dim, lower, upper, group):
+    """``x`` padded along ``dim`` with one face of each neighbour: ``(padded, from_lower, from_upper)``."""
+    side = x.size(dim)
+    from_lower, from_upper = swap_faces(x.narrow(dim, 0, HALO), x.narrow(dim, side - HALO, HALO), lower, upper, group)
+    return torch.cat([from_lower, x, from_upper], dim), from_lower, from_upper
+
+
+def return_halo_gradient(grad, dim, lower, upper, group):
+    """The backward of :func:`add_halo`: the halo's gradients go back to the faces they came from, and the
+    neighbours' come back and are added to ours."""
+    side = grad.size(dim) - 2 * HALO
+    from_lower, from_upper = swap_faces(grad.narrow(dim, 0, HALO), grad.narrow(dim, side + HALO, HALO),
+                                        lower, upper, group)
+    grad_x = grad.narrow(dim, HALO, side).clone()
+    grad_x.narrow(dim, 0, HALO).add_(from_lower)
+    grad_x.narrow(dim, side - HALO, HALO).add_(from_upper)
+    return grad_x
+
+
+class HaloConvFunction(torch.autograd.Function):
+    """Halo exchange and convolution of one block, forward and backward, as one autograd function.
+
+    Forward: pad the block with the neighbours' faces along each split axis (depth, then height, then
+    width), convolve. It saves the block and the thin halos, not the padded copy: the block is the tensor
+    the previous layer's activation saves anyway, so a rank holds about 1/N of the undivided activations
+    (a padded copy kept for backward would double them). Backward: rebuild the padded block, the
+    convolution's gradients, then the halo gradients sent back to the neighbours, axes in reverse order.
+    Under autocast the convolution runs in the autocast dtype, in both directions.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer):
+        padded, halos = x, []
+        for axis in layer.split_axes:
+            lower, upper = layer.mesh.neighbours[axis]
+            padded, from_lower, from_upper = add_halo(padded, 2 + axis, lower, upper, layer.mesh.group)
+            halos += [from_lower, from_upper]
+        output = layer.convolve(padded, weight, bias)
+        ctx.layer, ctx.dtype, ctx.has_bias = layer, output.dtype, bias is not None
+        ctx.save_for_backward(x, weight, *halos)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        layer = ctx.layer
+        x, weight, *halos = ctx.saved_tensors
+        padded = x
+        for index, axis in enumerate(layer.split_axes):
+            padded = torch.cat([halos[2 * index], padded, halos[2 * index + 1]], 2 + axis)
+        grad_padded, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
+            layer.uncropped(grad_output).to(ctx.dtype), padded.to(ctx.dtype), weight.to(ctx.dtype),
+            [weight.shape[1 if layer.transposed else 0]], [2, 2, 2], list(layer.padding), [1, 1, 1],
+            layer.transposed, [0, 0, 0], 1, [ctx.needs_input_grad[0], True, ctx.has_bias])
+        grad_x = None
+        if ctx.needs_input_grad[0]:  # the U-Net's input needs none: its halos need not travel back
+            grad_x = grad_padded.to(x.dtype)
+            for axis in reversed(layer.split_axes):
+                lower, upper = layer.mesh.neighbours[axis]
+                grad_x = return_halo_gradient(grad_x, 2 + axis, lower, upper, layer.mesh.group)
+        grad_bias = grad_bias.to(weight.dtype) if ctx.has_bias else None
+        return grad_x, grad_weight.to(weight.dtype), grad_bias, None
+
+
+class HaloConv(nn.Module):
+    """A U-Net ``Conv3d`` or ``ConvTranspose3d`` (kernel 4, stride 2, padding 1) on one block of the volume.
+
+    Along a split axis the halo replaces the padding: the convolution runs with padding 0 there. The
+    transposed convolution keeps its padding 1 and its output drops two voxels at each end along a split
+    axis, the ones the halo voxels alone produce: ``(n + 2 - 1) * 2 - 2 + 4 - 2 * 2 = 2n``. (Padding 3,
+    which would crop them in the layer, makes the CPU's oneDNN transposed-convolution backward corrupt
+    the heap in torch 2.13.) The parameters are the original layer's, under its names.
+    """
+
+    def __init__(self, conv, mesh):
+        super().__init__()
+        if conv.kernel_size != (4, 4, 4) or conv.stride != (2, 2, 2) or conv.padding != (1, 1, 1):
+            raise ValueError(f"HaloConv supports kernel 4, stride 2, padding 1, not {conv}")
+        self.weight, self.bias = conv.weight, conv.bias
+        self.transposed = isinstance(conv, nn.ConvTranspose3d)
+        self.mesh = mesh
+        self.split_axes = tuple(axis for axis, parts in enumerate(mesh.shape) if parts > 1)
+        self.padding = (1, 1, 1) if self.transposed else tuple(0 if parts > 1 else 1 for parts in mesh.shape)
+
+    def forward(self, x):
+        return HaloConvFunction.apply(x, self.weight, self.bias, self)
+
+    def convolve(self, padded, weight, bias):
+        """The layer's convolution of a block padded with its halos."""
+        if not self.transposed:
+            return F.conv3d(padded, weight, bias, stride=2, padding=self.padding)
+        output = F.conv_transpose3d(padded, weight, bias, stride=2, padding=self.padding)
+        for axis in self.split_axes:
+            output = output.narrow(2 + axis, 2 * HALO, output.size(2 + axis) - 4 * HALO)
+        # A copy, not a view: the ReLU after it works in place, and the uncropped output can be freed.
+        return output.clone()
+
+    def uncropped(self, grad_output):
+        """The gradient of the transposed convolution's whole output: zeros where :meth:`convolve` cropped."""
+        if not self.transposed:
+            return grad_output
+        pad = [0] * 6
+        for axis in self.split_axes:  # F.pad lists the last dimension first
+            pad[2 * (2 - axis)] = pad[2 * (2 - axis) + 1] = 2 * HALO
+        return F.pad(grad_output, pad)
+
+    def extra_repr(self):
+        kind = "ConvTranspose3d" if self.transposed else "Conv3d"
+        return f"{kind}, weight {tuple(self.weight.shape)}, halo along mesh {list(self.mesh.shape)}"
+
+
+def split_domain(model, mesh):
+    """``model`` with every 3-D convolution computing on this rank's block; ``model`` itself when the
+    mesh has one rank. Changes the model in place (call before DDP/FSDP wrap it)."""
+    if mesh.size == 1:
+        return model
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if isinstance(child, (nn.Conv3d, nn.ConvTranspose3d)):
+                setattr(module, name, HaloConv(child, mesh))
+    return model
