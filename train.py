@@ -148,9 +148,6 @@ def resume(run_dir, model, optimizer, scaler):
 
 # ----------------------------------------------------------------------------- one step, one epoch
 
-STOP_CHECK_STEPS = 10  # how often the ranks agree whether a stop signal arrived (one tiny all-reduce)
-
-
 def train_step(model, optimizer, loss_fn, precision, inputs, targets):
     """Forward, loss, backward and optimiser update for one batch; returns the loss (on the device).
 
@@ -184,40 +181,50 @@ def train_one_epoch(step_fn, loader, optimizer, schedule, first_step, move, stop
     """Train on the epoch's remaining batches from global step ``first_step``; return their losses.
 
     Nothing here waits for the device: the losses stay a device tensor that the caller reads once,
-    at the end of the epoch. A stop signal ends the epoch early (all ranks at the same step).
+    at the end of the epoch. A stop signal ends the epoch early, before the next step (all ranks at
+    the same step; see utils.signals.StopSignals for how often several ranks ask each other).
     """
     losses = []
     for step, (inputs, targets) in enumerate(loader, start=first_step):
+        if stop.requested():
+            break
         profiling.step(step)  # opens and closes the profiling window; one comparison when off
         with annotate("step", step):
             with annotate("data copy in", step):
                 inputs, targets = move(inputs), move(targets)
             set_learning_rate(optimizer, schedule(step))
             losses.append(step_fn(inputs, targets))
-        if (step + 1) % STOP_CHECK_STEPS == 0 and stop.agreed():
-            break
-    return torch.stack(losses)
+    return torch.stack(losses) if losses else torch.zeros(0, device=first_device(optimizer))
 
 
-def check_finite(losses, last_step, run_dir):
-    """Stop with a clear message at the first non-finite training loss (one host sync per call)."""
-    finite = torch.isfinite(losses)
-    if not bool(finite.all()):  # waits for the device: the epoch's work is done
-        first_bad = last_step - len(losses) + int((~finite).nonzero()[0])
+def check_finite(losses, last_step, run_dir, world):
+    """Stop with a clear message at the first non-finite training loss on any rank (one host sync per
+    call): every rank stops alike, so rank 0 can report it for all."""
+    non_finite = all_reduce_mean((~torch.isfinite(losses)).float(), world)
+    if bool(non_finite.any()):  # waits for the device: the epoch's work is done
+        first_bad = last_step - len(losses) + int(non_finite.nonzero()[0])
         raise UserError(f"The training loss became non-finite at step {first_bad}. Training stopped; the "
                         f"last good checkpoint in {run_dir} (if any) is kept. Lower --start_lr, or use "
                         "--amp_mode=bf16 or none instead of fp16.")
 
 
+def first_device(optimizer):
+    return optimizer.param_groups[0]["params"][0].device
+
+
 @torch.no_grad()
-def validate(model, loader, loss_fn, precision, move, world, metrics=None):
-    """Mean validation loss over all ranks, and the first sample with its prediction (for the preview).
+def validate(model, loader, loss_fn, precision, move, world, stop, metrics=None):
+    """Mean validation loss over all ranks, and the first sample with its prediction (for the preview);
+    None when a stop signal cut it short (asked before every batch, as in training).
 
     ``metrics``, when given, accumulates the physics metrics batch by batch, on the device.
     """
     model.eval()
     totals, count, sample = [], 0, None
     for inputs, targets in loader:
+        if stop.requested():
+            model.train()
+            return None
         inputs, targets = move(inputs), move(targets)
         with precision.autocast():
             predictions = model(inputs)
@@ -236,8 +243,11 @@ def validate(model, loader, loss_fn, precision, move, world, metrics=None):
 
 def log_epoch(tensorboard, epoch, losses, elapsed, optimizer, model, params, world, step):
     """The original's epoch lines and scalars at global ``step`` (the steps taken so far); the
-    first epoch of a run also reports the loss at step 0 and the memory per rank."""
+    first epoch of a run also reports the loss at step 0 and the memory per rank. Nothing when the
+    epoch has no steps left (resumed after its training, to repeat a validation cut short)."""
     steps = len(losses)
+    if not steps:
+        return
     train_loss = all_reduce_mean(losses.mean(), world).item()
     logging.info("Time taken for epoch %d is %s sec, avg %s samples/sec", epoch + 1, elapsed,
                  steps * params.global_batch_size / elapsed)
@@ -257,10 +267,15 @@ def log_epoch(tensorboard, epoch, losses, elapsed, optimizer, model, params, wor
 
 def validate_and_log(validation, tensorboard, run_dir, params, world, step):
     """Validate (``validation`` is :func:`validate` bound to the model and loader), log the loss
-    and, when on, the metrics and the preview; return the metrics' log lines."""
+    and, when on, the metrics and the preview; return the metrics' log lines, or None when a stop
+    signal cut the validation short (nothing is logged: a resumed run validates this step again)."""
     start = time.time()
     metrics = ValidationMetrics() if params.val_metrics else None
-    val_loss, sample = validation(metrics=metrics)
+    validated = validation(metrics=metrics)
+    if validated is None:
+        logging.info("  Validation at step %d stopped by the signal; --resume runs it again.", step)
+        return None
+    val_loss, sample = validated
     logging.info("  Avg val loss=%f", val_loss)
     logging.info("  Total validation time: %s sec", time.time() - start)
     tensorboard.scalar("Loss/valid", val_loss, step)
@@ -352,14 +367,14 @@ def main(argv=None, make_step=None, graph_capture=False):
     model = compile_model(model, params)
     step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
     move = functools.partial(to_device, device=device, memory_format=memory_format(params))
-    validation = functools.partial(validate, model, val_loader, loss_fn, precision, move, world)
+    stop = StopSignals(world, device)  # from here on, Ctrl-C and SIGTERM stop at the next step
+    validation = functools.partial(validate, model, val_loader, loss_fn, precision, move, world, stop)
 
     # The checkpoint's states (one that does not fit is refused first), then the run directory.
     position = resume(run_dir, model, optimizer, precision.scaler) if params.resume else Position()
     create_run_dir(run_dir, params, world)
     tensorboard = TensorBoard(os.path.join(run_dir, "logs"), enabled=world.is_main)
     schedule = functools.partial(lr_schedule, total_steps=params.num_epochs * steps_per_epoch, params=params)
-    stop = StopSignals(world, device)
     profiling = Profiling(params, world, device, run_dir, steps_per_epoch, position.step)
     # --enable_benchy: the epochs become benchy's trials, and, as in the original, nothing is validated.
     validating = not params.enable_benchy
@@ -379,14 +394,14 @@ def main(argv=None, make_step=None, graph_capture=False):
             losses = train_one_epoch(step_fn, train_loader, optimizer, schedule, position.step, move, stop,
                                      profiling)
             position = position.advanced(len(losses))
-            check_finite(losses, position.step, run_dir)  # waits for the device
+            check_finite(losses, position.step, run_dir, world)  # waits for the device
             elapsed = time.time() - start
             if len(losses) == remaining:  # a whole epoch, not one cut short by a stop signal
                 log_epoch(tensorboard, epoch, losses, elapsed, optimizer, model, params, world, position.step)
-                if validating:
-                    metric_lines = validate_and_log(validation, tensorboard, run_dir, params, world,
-                                                    position.step)
-                position = position.next_epoch()
+                lines = validate_and_log(validation, tensorboard, run_dir, params, world,
+                                         position.step) if validating else []
+                if lines is not None:  # None: a stop signal cut the validation short; --resume repeats it
+                    metric_lines, position = lines, position.next_epoch()
             checkpoint(run_dir, model, optimizer, precision, position, params, world)
             tensorboard.flush()
             if stop.agreed():
