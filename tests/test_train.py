@@ -121,16 +121,44 @@ train.main(sys.argv[1:], make_step=signalling_step)
 """
 
 
-@pytest.mark.parametrize("nsamples, signal_at, saved", [
-    (16, 4, {"epoch": 1, "step": 4, "batch_in_epoch": 0}),    # last step of epoch 1, between stop checks
-    (48, 10, {"epoch": 0, "step": 10, "batch_in_epoch": 10}),  # a stop check in the middle of epoch 1
-    (40, 10, {"epoch": 1, "step": 10, "batch_in_epoch": 0}),   # a stop check on the last step of epoch 1
-], ids=["epoch_end", "mid_epoch", "check_at_epoch_end"])
-def test_a_signal_anywhere_in_an_epoch_resumes_cleanly(data_files, tmp_path, nsamples, signal_at, saved):
-    # 4 samples a step: 4, 12 and 10 steps an epoch; the ranks agree on stops every 10 steps.
-    args = data_args(data_files, tmp_path, f"--Nsamples={nsamples}", "--Nsamples_val=4")
+# The same with the signal sent during validation batch SIGNAL_AT (counting the validation at step 0).
+SIGNAL_DURING_VALIDATION = """
+import os, signal, sys
+import torch
+import train
+
+build_loss = train.build_loss
+def loss_that_signals(params):
+    loss_fn, calls = build_loss(params), [0]
+    def run(predictions, targets):
+        if not torch.is_grad_enabled():  # validation
+            calls[0] += 1
+            if calls[0] == int(os.environ["SIGNAL_AT"]):
+                os.kill(os.getpid(), signal.SIGUSR1)
+        return loss_fn(predictions, targets)
+    return run
+
+train.build_loss = loss_that_signals
+train.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("nsamples, script, signal_at, saved", [
+    # The last step of epoch 1: the stop comes before its validation, which the resumed run does.
+    (16, SIGNAL_DURING_STEP, 4, {"epoch": 0, "step": 4, "batch_in_epoch": 4}),
+    (48, SIGNAL_DURING_STEP, 5, {"epoch": 0, "step": 5, "batch_in_epoch": 5}),    # the middle of epoch 1
+    (48, SIGNAL_DURING_STEP, 10, {"epoch": 0, "step": 10, "batch_in_epoch": 10}),
+    (40, SIGNAL_DURING_STEP, 10, {"epoch": 0, "step": 10, "batch_in_epoch": 10}),
+    # The validation after epoch 1 (2 batches of 4): its training is saved, the validation repeated.
+    (16, SIGNAL_DURING_VALIDATION, 3, {"epoch": 0, "step": 4, "batch_in_epoch": 4}),
+    (16, SIGNAL_DURING_VALIDATION, 1, {"epoch": 0, "step": 0, "batch_in_epoch": 0}),  # at step 0
+], ids=["epoch_end", "mid_epoch", "mid_epoch_10", "last_step", "validation", "validation_at_step_0"])
+def test_a_signal_anywhere_in_an_epoch_resumes_cleanly(data_files, tmp_path, nsamples, script, signal_at, saved):
+    # 4 samples a step: 4, 12 and 10 steps an epoch; on one rank the stop is asked before every step
+    # and every validation batch.
+    args = data_args(data_files, tmp_path, f"--Nsamples={nsamples}", "--Nsamples_val=8")
     run_train([*args, "--run_num=whole"])
-    stopped = subprocess.run([sys.executable, "-c", SIGNAL_DURING_STEP, *args, "--run_num=cut"], cwd=ROOT,
+    stopped = subprocess.run([sys.executable, "-c", script, *args, "--run_num=cut"], cwd=ROOT,
                              env={**os.environ, "SIGNAL_AT": str(signal_at)}, capture_output=True, text=True,
                              timeout=120)
     assert stopped.returncode == 128 + signal.SIGUSR1, stopped.stdout[-3000:] + stopped.stderr[-3000:]
