@@ -18,7 +18,6 @@ import sys
 import time
 
 import torch
-import yaml
 
 from networks.UNet import UNet
 from utils import get_data_loader_distributed, lr_schedule
@@ -36,6 +35,8 @@ from utils.metrics import ValidationMetrics, format_metrics, power_spectrum_figu
 from utils.optim import Precision, build_optimizer, configure_tf32, set_learning_rate
 from utils.preview import render_preview, save_png
 from utils.profiling import DEFAULT_WINDOWS, Profiling, annotate, check_profiling_options
+from utils.runs import (CONFIG_NAME, changed_options, record_config, refuse_resume_without_checkpoint,
+                        schedule_change)
 from utils.signals import StopSignals
 
 
@@ -99,13 +100,17 @@ def claim_run_dir(params, world, device):
     return run_dir
 
 
-def create_run_dir(run_dir, params, world):
-    """Rank 0 makes the run directory, starts out.log (with the lines logged so far) and config.yaml."""
+def run_options(params, world):
+    return {**params.to_dict(), "world_size": world.size}
+
+
+def create_run_dir(run_dir, params, world, position):
+    """Rank 0 makes the run directory, starts out.log (with the lines logged so far; a resumed run
+    appends) and config.yaml, or appends this resume and its changed options to it."""
     if world.is_main:
         os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
         log_to_file(os.path.join(run_dir, "out.log"))
-        with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-            yaml.safe_dump({**params.to_dict(), "world_size": world.size}, f, sort_keys=False)
+        record_config(run_dir, run_options(params, world), position.step)
 
 
 def build_model(params, device):
@@ -130,11 +135,21 @@ def compile_model(model, params):
     return torch.compile(model, mode=params.compile_mode)
 
 
-def resume(run_dir, model, optimizer, scaler):
-    """The saved position, with states restored, or a fresh start when there is no checkpoint."""
+def resume(run_dir, model, optimizer, scaler, params, world, steps_per_epoch):
+    """With --resume, the saved position, with states restored, and what changed options mean for
+    the schedule; without, the start.
+
+    A run directory with no run is refused (a mistyped --run_num or a forgotten --config); one that
+    holds a run but no checkpoint yet (stopped before its first one) starts again from step 0.
+    """
     path = os.path.join(run_dir, CHECKPOINT_NAME)
+    if not params.resume:
+        return Position()
     if not os.path.exists(path):
-        logging.info("No checkpoint in %s: starting from scratch.", run_dir)
+        if not os.path.exists(os.path.join(run_dir, "out.log")):
+            refuse_resume_without_checkpoint(run_dir, params, CHECKPOINT_NAME)
+        logging.warning("%s holds a run but no checkpoint (it stopped before its first one, or ran with "
+                        "--checkpoint=false): starting it again from step 0.", run_dir)
         return Position()
     try:
         position = Position(**load_checkpoint(path, model, optimizer, scaler))
@@ -143,7 +158,36 @@ def resume(run_dir, model, optimizer, scaler):
                         "with the config it was made with (see config.yaml beside it), or start a new "
                         "--run_num.") from None
     logging.info("Resumed from %s at epoch %d, step %d.", path, position.epoch + 1, position.step)
+    report_changed_options(run_dir, run_options(params, world), position.step, steps_per_epoch)
     return position
+
+
+def report_changed_options(run_dir, options, step, steps_per_epoch):
+    """Log the options that differ from those the run was started (or last resumed) with, and what
+    they do to the learning-rate schedule; config.yaml records them when training goes on."""
+    config_path = os.path.join(run_dir, CONFIG_NAME)
+    if not os.path.exists(config_path):
+        return
+    changed = changed_options(config_path, options)
+    if changed:
+        logging.warning("Options changed since the run started or was last resumed: %s",
+                        ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items()))
+        message = schedule_change(changed, {key: old for key, (old, _) in changed.items()}, options, step,
+                                  steps_per_epoch, lr_schedule)
+        if message:
+            logging.warning(message)
+
+
+def exit_if_complete(position, params, run_dir, world):
+    """A resumed run that has trained all its epochs: say so and end, writing nothing."""
+    if position.epoch < params.num_epochs:
+        return
+    logging.info("The run in %s is already complete: it trained %d epochs (%d steps), and --num_epochs is %d. "
+                 "Nothing to train. To train it longer, resume with a larger --num_epochs (the learning-rate "
+                 "schedule is then recomputed for the new length), or start a new --run_num.",
+                 run_dir, position.epoch, position.step, params.num_epochs)
+    shutdown(world)
+    sys.exit(0)
 
 
 # ----------------------------------------------------------------------------- one step, one epoch
@@ -269,6 +313,8 @@ def validate_and_log(validation, tensorboard, run_dir, params, world, step):
     """Validate (``validation`` is :func:`validate` bound to the model and loader), log the loss
     and, when on, the metrics and the preview; return the metrics' log lines, or None when a stop
     signal cut the validation short (nothing is logged: a resumed run validates this step again)."""
+    if step == 0:
+        logging.info("Validation before training (step 0)")
     start = time.time()
     metrics = ValidationMetrics() if params.val_metrics else None
     validated = validation(metrics=metrics)
@@ -371,8 +417,9 @@ def main(argv=None, make_step=None, graph_capture=False):
     validation = functools.partial(validate, model, val_loader, loss_fn, precision, move, world, stop)
 
     # The checkpoint's states (one that does not fit is refused first), then the run directory.
-    position = resume(run_dir, model, optimizer, precision.scaler) if params.resume else Position()
-    create_run_dir(run_dir, params, world)
+    position = resume(run_dir, model, optimizer, precision.scaler, params, world, steps_per_epoch)
+    exit_if_complete(position, params, run_dir, world)
+    create_run_dir(run_dir, params, world, position)
     tensorboard = TensorBoard(os.path.join(run_dir, "logs"), enabled=world.is_main)
     schedule = functools.partial(lr_schedule, total_steps=params.num_epochs * steps_per_epoch, params=params)
     profiling = Profiling(params, world, device, run_dir, steps_per_epoch, position.step)
@@ -384,7 +431,6 @@ def main(argv=None, make_step=None, graph_capture=False):
     logging.info("Starting Training Loop...")
     metric_lines = []
     if position.step == 0 and validating:
-        logging.info("Validation before training (step 0)")
         metric_lines = validate_and_log(validation, tensorboard, run_dir, params, world, step=0)
     with profiling:  # closes a window cut short; dumps a CUDA memory snapshot on out-of-memory
         for epoch in range(position.epoch, params.num_epochs):
@@ -398,8 +444,8 @@ def main(argv=None, make_step=None, graph_capture=False):
             elapsed = time.time() - start
             if len(losses) == remaining:  # a whole epoch, not one cut short by a stop signal
                 log_epoch(tensorboard, epoch, losses, elapsed, optimizer, model, params, world, position.step)
-                lines = validate_and_log(validation, tensorboard, run_dir, params, world,
-                                         position.step) if validating else []
+                lines = (validate_and_log(validation, tensorboard, run_dir, params, world, position.step)
+                         if validating else [])
                 if lines is not None:  # None: a stop signal cut the validation short; --resume repeats it
                     metric_lines, position = lines, position.next_epoch()
             checkpoint(run_dir, model, optimizer, precision, position, params, world)

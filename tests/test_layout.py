@@ -30,6 +30,7 @@ UTILS_IMPORTS = {
     "optim": {"errors"},
     "preview": {"files"},
     "profiling": {"errors"},
+    "runs": {"errors", "files"},
     "signals": {"distributed", "errors"},  # the ranks agree to stop at the same step; a second Ctrl-C exits at once
     "symmetry": {"errors"},
     "tensorboard_launch": {"errors"},

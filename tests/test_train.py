@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import ROOT, run_train
@@ -125,6 +126,7 @@ train.main(sys.argv[1:], make_step=signalling_step)
 SIGNAL_DURING_VALIDATION = """
 import os, signal, sys
 import torch
+import yaml
 import train
 
 build_loss = train.build_loss
@@ -191,3 +193,43 @@ def test_demo_config_trains_on_any_pair_of_files(data_files, tmp_path):
     run_train(["--config=demo", f"--train_path={data_files['train']}", f"--val_path={data_files['valid']}",
                f"--expdir={tmp_path}", "--Nsamples=16", "--Nsamples_val=8", "--num_epochs=1", "--device=cpu"])
     assert (tmp_path / "demo" / "1CPU" / "00" / "checkpoint.pt").exists()
+
+
+def test_resume_refuses_a_run_that_is_not_there_and_keeps_config_yaml_the_record(data_files, tmp_path):
+    from conftest import snapshot
+
+    run_train(data_args(data_files, tmp_path, "--run_num=a", "--num_epochs=1"))
+    run_dir = tmp_path / "test" / "1CPU" / "a"
+
+    # A mistyped --run_num: refused, naming the run that can be resumed; nothing written.
+    typo = run_train(data_args(data_files, tmp_path, "--run_num=b", "--resume"), check=False)
+    message = " ".join(typo.stderr.split())
+    assert typo.returncode == 2 and "Traceback" not in typo.stderr, typo.stderr
+    assert f"there is no run to continue in {tmp_path / 'test' / '1CPU' / 'b'}" in message, message
+    assert f"that hold one: {run_dir} " in message and "leave out --resume" in message, message
+    assert not (tmp_path / "test" / "1CPU" / "b").exists()
+
+    # A longer run: the change is said, with what it does to the schedule, and appended to config.yaml.
+    longer = run_train(data_args(data_files, tmp_path, "--run_num=a", "--resume", "--num_epochs=2"))
+    assert "Options changed since the run started or was last resumed: num_epochs 1 -> 2" in longer.stdout
+    assert "Its cosine now ends at step 8 instead of 4, and the rate at step 4 is" in longer.stdout
+    with open(run_dir / "config.yaml") as f:
+        record = yaml.safe_load(f)
+    assert record["num_epochs"] == 1 and record["resume"] is False  # the options the run started with
+    assert record["resumed"] == [{"at_step": 4, "changed": {"num_epochs": [1, 2]}}]
+
+    # A finished run: "already complete", status 0, no training and nothing written.
+    before = snapshot(run_dir)
+    done = run_train(data_args(data_files, tmp_path, "--run_num=a", "--resume", "--num_epochs=2"))
+    assert f"The run in {run_dir} is already complete: it trained 2 epochs (8 steps)" in done.stdout
+    assert "Starting Training Loop" not in done.stdout and "Done." not in done.stdout
+    assert snapshot(run_dir) == before
+
+
+def test_resume_of_a_run_stopped_before_its_first_checkpoint_starts_it_again(data_files, tmp_path):
+    run_dir = tmp_path / "test" / "1CPU" / "00"
+    run_dir.mkdir(parents=True)
+    (run_dir / "out.log").write_text("a run killed before its first checkpoint\n")
+    result = run_train(data_args(data_files, tmp_path, "--resume", "--num_epochs=1"))
+    assert "holds a run but no checkpoint" in result.stdout and "starting it again from step 0" in result.stdout
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["position"]["step"] == 4
