@@ -29,6 +29,7 @@ from utils.distributed import (agree_to_stop, all_reduce_mean, check_parallel_op
                                exit_on_lost_rank, init_process_group, memory_report, parallelize, read_world,
                                shutdown)
 from utils.errors import UserError, exit_on_user_error
+from utils.estimate import check_run_time
 from utils.logging_utils import TensorBoard, config_logger, log_to_file
 from utils.losses import build_loss
 from utils.metrics import ValidationMetrics, format_metrics, power_spectrum_figure
@@ -37,6 +38,7 @@ from utils.preview import render_preview, save_png
 from utils.profiling import DEFAULT_WINDOWS, Profiling, annotate, check_profiling_options
 from utils.runs import (CONFIG_NAME, changed_options, record_config, refuse_resume_without_checkpoint,
                         schedule_change)
+from utils.progress import Progress
 from utils.signals import StopSignals
 
 
@@ -257,7 +259,7 @@ def first_device(optimizer):
 
 
 @torch.no_grad()
-def validate(model, loader, loss_fn, precision, move, world, stop, metrics=None):
+def validate(model, loader, loss_fn, precision, move, world, stop, progress, metrics=None):
     """Mean validation loss over all ranks, and the first sample with its prediction (for the preview);
     None when a stop signal cut it short (asked before every batch, as in training).
 
@@ -265,7 +267,7 @@ def validate(model, loader, loss_fn, precision, move, world, stop, metrics=None)
     """
     model.eval()
     totals, count, sample = [], 0, None
-    for inputs, targets in loader:
+    for inputs, targets in progress(loader, "validation"):
         if stop.requested():
             model.train()
             return None
@@ -390,6 +392,7 @@ def main(argv=None, make_step=None, graph_capture=False):
     check_crop_size(params)
     device = pick_device(params, world)
     check_parallel_options(params, world, device, graph_capture)
+    check_run_time(params, world, device)  # a GPU-sized config on a CPU is refused here
     init_process_group(world, device, params)
     torch.manual_seed(params.seed)
 
@@ -414,7 +417,8 @@ def main(argv=None, make_step=None, graph_capture=False):
     step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
     move = functools.partial(to_device, device=device, memory_format=memory_format(params))
     stop = StopSignals(world, device)  # from here on, Ctrl-C and SIGTERM stop at the next step
-    validation = functools.partial(validate, model, val_loader, loss_fn, precision, move, world, stop)
+    progress = Progress(enabled=world.is_main)  # a bar on a terminal, else a log line every minute
+    validation = functools.partial(validate, model, val_loader, loss_fn, precision, move, world, stop, progress)
 
     # The checkpoint's states (one that does not fit is refused first), then the run directory.
     position = resume(run_dir, model, optimizer, precision.scaler, params, world, steps_per_epoch)
@@ -425,20 +429,18 @@ def main(argv=None, make_step=None, graph_capture=False):
     profiling = Profiling(params, world, device, run_dir, steps_per_epoch, position.step)
     # --enable_benchy: the epochs become benchy's trials, and, as in the original, nothing is validated.
     validating = not params.enable_benchy
-    if params.enable_benchy:
-        train_loader = wrap_for_benchy(train_loader, params, world, device, run_dir)
+    train_loader = wrap_for_benchy(train_loader, params, world, device, run_dir)
 
     logging.info("Starting Training Loop...")
-    metric_lines = []
-    if position.step == 0 and validating:
-        metric_lines = validate_and_log(validation, tensorboard, run_dir, params, world, step=0)
+    metric_lines = (validate_and_log(validation, tensorboard, run_dir, params, world, step=0)
+                    if position.step == 0 and validating else [])
     with profiling:  # closes a window cut short; dumps a CUDA memory snapshot on out-of-memory
         for epoch in range(position.epoch, params.num_epochs):
             train_loader.sampler.set_epoch(epoch, start=position.batch_in_epoch * train_loader.batch_size)
             remaining = len(train_loader)  # fewer batches after a resume; a trial's under benchy
             start = time.time()
-            losses = train_one_epoch(step_fn, train_loader, optimizer, schedule, position.step, move, stop,
-                                     profiling)
+            losses = train_one_epoch(step_fn, progress(train_loader, f"epoch {epoch + 1}"), optimizer, schedule,
+                                     position.step, move, stop, profiling)
             position = position.advanced(len(losses))
             check_finite(losses, position.step, run_dir, world)  # waits for the device
             elapsed = time.time() - start

@@ -22,6 +22,7 @@ UTILS_IMPORTS = {
     "distributed": {"errors"},
     "errors": set(),
     "files": set(),
+    "estimate": {"errors", "flops"},  # the run's FLOPs and the device's rate
     "flops": {"errors"},
     "generate_data": {"convert_h5_to_npy", "errors", "files"},  # it also writes the .npy copies
     "logging_utils": set(),
@@ -30,6 +31,7 @@ UTILS_IMPORTS = {
     "optim": {"errors"},
     "preview": {"files"},
     "profiling": {"errors"},
+    "progress": set(),
     "runs": {"errors", "files"},
     "signals": {"distributed", "errors"},  # the ranks agree to stop at the same step; a second Ctrl-C exits at once
     "symmetry": {"errors"},

@@ -593,11 +593,14 @@ class _GitHubBenchyLoader(_TrialEpochs):
 # ----------------------------------------------------------------------------- entry points
 
 def wrap_for_benchy(loader, params, world, device, run_dir):
-    """The training loader of a ``--enable_benchy`` run: the GitHub benchy's, or the built-in one.
+    """The training loader of a ``--enable_benchy`` run: the GitHub benchy's, or the built-in one;
+    ``loader`` itself without --enable_benchy.
 
     Counts the model's FLOPs once and resolves the GPU's peak for the MFU. With the GitHub benchy
     the IO trials run now; with the built-in one, at the first epoch.
     """
+    if not params.enable_benchy:
+        return loader
     path = config_path()
     config = load_benchy_config(path)
     if world.rank == 0:
