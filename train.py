@@ -36,8 +36,8 @@ from utils.metrics import ValidationMetrics, format_metrics, power_spectrum_figu
 from utils.optim import Precision, build_optimizer, configure_tf32, set_learning_rate
 from utils.preview import render_preview, save_png
 from utils.profiling import DEFAULT_WINDOWS, Profiling, annotate, check_profiling_options
-from utils.runs import (CONFIG_NAME, changed_options, record_config, refuse_resume_without_checkpoint,
-                        schedule_change)
+from utils.runs import (CONFIG_NAME, changed_options, default_run_num, record_config,
+                        refuse_resume_without_checkpoint, run_num_given, schedule_change)
 from utils.progress import Progress
 from utils.signals import StopSignals
 
@@ -88,10 +88,16 @@ def check_crop_size(params):
                         + ("" if not params.full_scale else " or --full_scale=false") + ".")
 
 
-def claim_run_dir(params, world, device):
-    """The run directory's path; refuses one that holds a run unless --resume. Creates nothing."""
+def claim_run_dir(params, world, device, argv):
+    """The run directory's path; refuses one that holds a run unless --resume. Creates nothing.
+
+    Without --run_num a new run takes the first free number (00, 01, ...) and --resume the last one.
+    """
     kind = "GPU" if device.type == "cuda" else "CPU"
-    run_dir = os.path.join(params.expdir, params.config, f"{world.size}{kind}", params.run_num)
+    runs_dir = os.path.join(params.expdir, params.config, f"{world.size}{kind}")
+    if not run_num_given(argv):
+        params["run_num"] = default_run_num(runs_dir, params.resume)
+    run_dir = os.path.join(runs_dir, params.run_num)
     taken = os.path.isdir(run_dir) and bool(os.listdir(run_dir)) and not params.resume
     # Every rank looks before rank 0 creates anything, and all ranks agree on the answer.
     if agree_to_stop(taken, world, device):
@@ -353,8 +359,8 @@ def checkpoint(run_dir, model, optimizer, precision, position, params, world):
 def exit_on_signal(stop, position, run_dir, world, tensorboard):
     """End the process after SIGTERM/SIGUSR1, with the conventional status 128 + signal number."""
     tensorboard.close()
-    logging.info("Stopped at step %d (epoch %d) with a checkpoint in %s; continue with --resume.",
-                 position.step, position.epoch + (position.batch_in_epoch > 0), run_dir)
+    logging.info("Stopped at step %d (epoch %d) with a checkpoint in %s; continue with --resume --run_num=%s.",
+                 position.step, position.epoch + (position.batch_in_epoch > 0), run_dir, os.path.basename(run_dir))
     shutdown(world, 128 + stop.received)
     sys.exit(128 + stop.received)
 
@@ -384,9 +390,8 @@ def main(argv=None, make_step=None, graph_capture=False):
     batch; train_graph.py's replays a CUDA graph, with ``graph_capture`` asking for parts it can capture.
     """
     # The ranks, the options and the device: decided once, then passed down.
-    world = read_world()
-    params = load_params(sys.argv[1:] if argv is None else argv, world.size,
-                         DEFAULT_WINDOWS["train_graph.py" if graph_capture else "train.py"])
+    world, argv = read_world(), sys.argv[1:] if argv is None else argv
+    params = load_params(argv, world.size, DEFAULT_WINDOWS["train_graph.py" if graph_capture else "train.py"])
     config_logger(world.is_main)
     params.log()
     check_crop_size(params)
@@ -404,7 +409,7 @@ def main(argv=None, make_step=None, graph_capture=False):
     steps_per_epoch = len(train_loader)
     check_profiling_options(params, steps_per_epoch)
     check_benchy_options(params, device)
-    run_dir = claim_run_dir(params, world, device)
+    run_dir = claim_run_dir(params, world, device, argv)
 
     # Model, optimiser, precision and loss, resolved once so that the loop has no branches for them.
     # Order: the parallel wrapper first (FSDP replaces the parameters the optimiser must hold), then

@@ -105,7 +105,7 @@ def test_existing_run_is_not_overwritten(data_files, tmp_path, capsys):
     run_dir = tmp_path / "runs" / "test" / "1CPU" / "00"
     run_dir.mkdir(parents=True)
     (run_dir / "out.log").write_text("an earlier run\n")
-    code, message = run_main(args(data_files, tmp_path / "runs"), capsys)
+    code, message = run_main(args(data_files, tmp_path / "runs", "--run_num=00"), capsys)
     assert code == 2 and "--resume" in message and "--run_num" in message
     assert os.listdir(run_dir) == ["out.log"] and (run_dir / "out.log").read_text() == "an earlier run\n"
 

@@ -96,7 +96,7 @@ def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_one_line(data_files
     for text in ("Traceback", "KeyboardInterrupt", "killed by signal", "exited unexpectedly"):
         assert text not in stdout + stderr, (text, stderr[-3000:])
     assert stdout.count("Received SIGINT") == 1, stdout[-3000:]
-    stopped = re.findall(r"Stopped at step (\d+) \(epoch \d+\) with a checkpoint in .*; continue with --resume\.",
+    stopped = re.findall(r"Stopped at step (\d+) \(epoch \d+\) with a checkpoint in .*; continue with --resume --run_num=00\.",
                          stdout)
     step = torch.load(tmp_path / "test" / "1CPU" / "00" / "checkpoint.pt", weights_only=True)["position"]["step"]
     assert stopped == [str(step)] and step < 2 * 40

@@ -233,3 +233,15 @@ def test_resume_of_a_run_stopped_before_its_first_checkpoint_starts_it_again(dat
     result = run_train(data_args(data_files, tmp_path, "--resume", "--num_epochs=1"))
     assert "holds a run but no checkpoint" in result.stdout and "starting it again from step 0" in result.stdout
     assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["position"]["step"] == 4
+
+
+def test_without_run_num_runs_take_the_next_free_number_and_resume_takes_the_last(data_files, tmp_path):
+    """README commands run in order never collide in run 00; --resume without --run_num continues the last run."""
+    for expected in ("00", "01"):
+        result = run_train(data_args(data_files, tmp_path, "--num_epochs=1"))
+        assert f"run directory {tmp_path / 'test' / '1CPU' / expected}\n" in result.stdout
+    resumed = run_train(data_args(data_files, tmp_path, "--num_epochs=2", "--resume"))
+    assert f"Resumed from {tmp_path / 'test' / '1CPU' / '01' / 'checkpoint.pt'} at epoch 2" in resumed.stdout
+    with open(tmp_path / "test" / "1CPU" / "01" / "config.yaml") as f:
+        assert yaml.safe_load(f)["run_num"] == "01"
+    assert sorted(os.listdir(tmp_path / "test" / "1CPU")) == ["00", "01"]

@@ -20,6 +20,29 @@ CONFIG_NAME = "config.yaml"
 NOT_RECORDED_AS_CHANGES = ("resume",)
 
 
+def run_num_given(argv):
+    """Whether the command line names the run (``--run_num=NAME`` or ``--run_num NAME``)."""
+    return any(arg == "--run_num" or arg.startswith("--run_num=") for arg in argv)
+
+
+def numbered_runs(runs_dir):
+    """The run numbers (00, 01, ...) under ``runs_dir`` (``<expdir>/<config>/<N>CPU|GPU``) that hold a run."""
+    names = os.listdir(runs_dir) if os.path.isdir(runs_dir) else []
+    return sorted((name for name in names if name.isdigit() and os.listdir(os.path.join(runs_dir, name))), key=int)
+
+
+def default_run_num(runs_dir, resume):
+    """The run when --run_num is not given: the first free number (00, 01, ...) for a new run, so that
+    runs of the same config never collide; for --resume, the highest-numbered run (00 if none)."""
+    taken = numbered_runs(runs_dir)
+    if resume:
+        return taken[-1] if taken else "00"
+    number = 0
+    while f"{number:02d}" in taken:
+        number += 1
+    return f"{number:02d}"
+
+
 def runs_with_checkpoints(expdir, config, checkpoint_name):
     """The run directories ``<expdir>/<config>/<N>CPU|GPU/<run_num>/`` that hold a checkpoint, sorted."""
     pattern = os.path.join(glob.escape(expdir), glob.escape(config), "*", "*", checkpoint_name)
