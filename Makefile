@@ -2,7 +2,7 @@
 # make test        set up and run the whole test suite (what CI runs), the Slurm tests included
 # make test-slurm  only the tests that submit submit_pm.sh to a real two-node Slurm (run as root)
 # make figures     remake tutorial_images/ from the committed example_logs/
-# make data        only the synthetic data set;  make clean   remove the environment, data and runs
+# make data        only the synthetic data set;  make clean   remove the environment, data (data_large too) and runs
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -45,4 +45,4 @@ $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
 	touch $@
 
 clean:
-	rm -rf $(VENV) data runs
+	rm -rf $(VENV) data data_large runs

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import logging
 import os
+import shutil
 import sys
 import time
 
@@ -365,14 +366,23 @@ def exit_on_signal(stop, position, run_dir, world, tensorboard):
     sys.exit(128 + stop.received)
 
 
+def tensorboard_command():
+    """``tensorboard`` as this environment runs it: .venv/bin/tensorboard unless the venv is activated."""
+    beside = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    on_path = shutil.which("tensorboard")
+    if on_path and os.path.realpath(on_path) == os.path.realpath(beside):
+        return "tensorboard"
+    return os.path.relpath(beside) if os.path.exists(beside) else "tensorboard"
+
+
 def finish(tensorboard, metric_lines, run_dir, params, world):
     tensorboard.close()
     if metric_lines:
         logging.info("Validation metrics after the last epoch:")
         for line in metric_lines:
             logging.info("  %s", line)
-    logging.info("Done. TensorBoard logs: %s (view with: tensorboard --logdir %s)",
-                 os.path.join(run_dir, "logs"), params.expdir)
+    logging.info("Done. TensorBoard logs: %s (view with: %s --logdir %s)",
+                 os.path.join(run_dir, "logs"), tensorboard_command(), params.expdir)
     if params.preview_image and not params.enable_benchy:
         logging.info("Preview image: %s", os.path.join(run_dir, "preview.png"))
     logging.info("DONE ---- rank %d", world.rank)

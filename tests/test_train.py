@@ -1,6 +1,7 @@
 """End-to-end runs of train.py on the tiny `test` config: logs, TensorBoard, checkpoints, resume."""
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -240,6 +241,9 @@ def test_without_run_num_runs_take_the_next_free_number_and_resume_takes_the_las
     for expected in ("00", "01"):
         result = run_train(data_args(data_files, tmp_path, "--num_epochs=1"))
         assert f"run directory {tmp_path / 'test' / '1CPU' / expected}\n" in result.stdout
+        # The closing hint names a tensorboard that runs from here, activated venv or not.
+        command = re.search(r"\(view with: (\S+) --logdir ", result.stdout).group(1)
+        assert shutil.which(command) or os.access(os.path.join(ROOT, command), os.X_OK), command
     resumed = run_train(data_args(data_files, tmp_path, "--num_epochs=2", "--resume"))
     assert f"Resumed from {tmp_path / 'test' / '1CPU' / '01' / 'checkpoint.pt'} at epoch 2" in resumed.stdout
     with open(tmp_path / "test" / "1CPU" / "01" / "config.yaml") as f:
