@@ -357,6 +357,8 @@ RUN = {
     "python train.py --config=demo --train_path=$DATA_DIR/downsamp_2048crop_train.h5 "
     "--val_path=$DATA_DIR/downsamp_1024crop_valid.h5": Run(
         append=TINY, env={"DATA_DIR": "{scratch}/real"}, check=check_real_paths),
+    "python train.py --config=demo --run_num=01 --num_epochs=2": Run(
+        append=f"{TINY} --checkpoint=true", check=check_run("demo", run_num="01")),
     # First a one-epoch run under the same run name; the README's --resume then continues it to epoch 2.
     "python train.py --config=demo --run_num=01 --resume": Run(
         before=(f"python train.py --config=demo --run_num=01 {TINY} --checkpoint=true",),
