@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import ROOT, needs_dali
+from conftest import ROOT, dali_installed, needs_dali
 from readme_commands import copy_data, make_scratch, readme_commands, shell_line
 from utils.generate_data import generate_box, write_h5
 
@@ -553,3 +553,47 @@ def test_readme_command_runs_on_cpu(command, tmp_path, readme_data):
     finally:  # pytest keeps the last runs' tmp_path: keep the logs, not the data copies
         for folder in ("data", "real"):
             shutil.rmtree(os.path.join(scratch, folder), ignore_errors=True)
+
+
+# Commands run here whose inputs come from README commands that are not (the sbatch loop of the
+# scaling section): in the in-order run their `before` lines stand in for those.
+IN_ORDER_SET_UP = {c for c in RUN if c.startswith("python -m benchmarks.plot_scaling")}
+
+
+@pytest.mark.slow
+def test_readme_commands_run_in_order_in_one_fresh_copy(tmp_path, readme_data):
+    """A reader who runs the README's commands in its order, in one fresh copy of the repository:
+    every command run here exits 0 (no run directory collides with an earlier command's, no tool
+    refuses its documented command because an earlier one wrote its results); CPU-sized as above,
+    the same state carried from each command to the next."""
+    scratch = make_scratch(tmp_path, ROOT)
+    has_venv = os.path.isdir(os.path.join(scratch, ".venv"))
+    for folder, (train_name, valid_name) in DATA_FOLDERS.items():
+        if folder != "data":  # data/ is made by the README's own first commands
+            copy_data([(readme_data["train"], os.path.join(scratch, folder, train_name)),
+                       (readme_data["valid"], os.path.join(scratch, folder, valid_name))])
+    if not has_venv:  # `make data` is skipped: the generator's command makes data/
+        copy_data([(readme_data["train"], os.path.join(scratch, "data", "synthetic_train.h5")),
+                   (readme_data["valid"], os.path.join(scratch, "data", "synthetic_valid.h5"))])
+    write_tiny_benchy_config(os.path.join(scratch, "benchy.yaml"))
+    base_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("BENCHY_", "SLURM_", "MAKE")) and k not in ("MFLAGS", "DATA_DIR", "TENSORBOARD_LOGDIR")}
+    base_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + base_env.get("PATH", "")
+    ran = []
+    for command in COMMANDS:
+        run = RUN.get(command)
+        if run is None or (command.startswith("make ") and not has_venv):
+            continue
+        if "dali" in command and not dali_installed():
+            continue
+        env = {**base_env, **{key: value.format(scratch=scratch) for key, value in run.env.items()}}
+        for line in run.before if command in IN_ORDER_SET_UP else ():
+            result = run_shell(shell_line(line), scratch, env)
+            assert result.returncode == 0, f"set-up `{line}` failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        line = shell_line(command) + (" " + run.append if run.append else "")
+        result = run_shell(line, scratch, env)
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, f"after {len(ran)} commands, `{command}` exited with " \
+                                       f"{result.returncode}:\n{output[-5000:]}"
+        ran.append(command)
+    assert len(ran) >= 40, ran
