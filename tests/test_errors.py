@@ -73,7 +73,8 @@ def test_wrong_shapes(data_files, tmp_path, capsys):
 
 def test_crop_larger_than_the_box(data_files, tmp_path, capsys):
     assert_refused(args(data_files, tmp_path / "runs", "--crop_size=64"), capsys, tmp_path / "runs",
-                   "crop_size=64 is larger than the box side 48", data_files["train"])
+                   "crop_size=64 is larger than the box side 48", data_files["train"],
+                   f"(and {data_files['valid']} has side 32)", "Use --crop_size=32 or less")  # fits both files
 
 
 def test_crop_that_the_unet_cannot_halve(data_files, tmp_path, capsys):
