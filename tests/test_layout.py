@@ -70,3 +70,15 @@ def test_train_py_main_is_one_screenful():
     assert loop.end_lineno - loop.lineno + 1 <= 25
     inner = [node for statement in main.body for node in ast.walk(statement)]
     assert not [node for node in inner if isinstance(node, (ast.FunctionDef, ast.Lambda))]  # no closures
+
+
+def test_library_modules_answer_help_with_what_they_are():
+    """`python -m utils.tensorboard_launch --help` and `python -m benchmarks.trials --help` once printed nothing."""
+    import subprocess
+    import sys
+
+    for module in ("utils.tensorboard_launch", "benchmarks.trials"):
+        result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 0 and f"{module} has no command line of its own" in result.stdout, module
+        assert len(result.stdout.splitlines()) > 3  # the module's docstring first
