@@ -22,7 +22,7 @@ test: $(VENV)/.installed-test
 test-slurm: $(VENV)/.installed-test
 	$(PY) -m pytest tests/test_slurm.py $(PYTEST_ARGS)
 
-figures: $(VENV)/.installed-test
+figures: $(VENV)/.installed-figures
 	$(PY) -m figures.tutorial_images
 
 data: $(DATA)
@@ -40,9 +40,15 @@ $(VENV)/.installed: requirements.txt
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $@
 
+# make figures needs Playwright alone (the TensorBoard screenshot; the browser is the system's Chromium),
+# not the test set (DALI alone is about 1 GB). make test's set-up includes it.
+$(VENV)/.installed-figures: $(VENV)/.installed
+	$(PY) -m pip install --quiet playwright
+	touch $@
+
 $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
 	$(PY) -m pip install --quiet -r requirements-test.txt
-	touch $@
+	touch $@ $(VENV)/.installed-figures
 
 clean:
 	rm -rf $(VENV) data data_large runs
