@@ -39,3 +39,12 @@ def test_the_cpu_rate_is_a_plausible_measurement():
                                            (5 * 86400, "5.0 days")])
 def test_format_duration(seconds, text):
     assert format_duration(seconds) == text
+
+
+def test_a_cpu_run_logs_its_thread_count_and_warns_about_fp16(tmp_path):
+    # The run stops at its missing data file, after the device checks have logged.
+    result = run_train(["--config=test", "--amp_mode=fp16", f"--expdir={tmp_path}", "--train_path=/nowhere.h5"],
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
+    assert result.returncode == 2 and "/nowhere.h5" in result.stderr
+    assert "CPU threads: 1 (torch.get_num_threads(); OMP_NUM_THREADS sets it)" in result.stdout
+    assert "--amp_mode=fp16 on a CPU is slow" in result.stdout and "use --amp_mode=bf16 or none" in result.stdout

@@ -54,12 +54,24 @@ def format_duration(seconds):
     return f"{seconds / 86400:.1f} days"
 
 
+def describe_cpu(params):
+    """The CPU facts a user needs to compare runs: the thread count (it changes the order of the
+    floating-point sums, hence the losses' last digits) and that fp16 autocast is slow on CPUs."""
+    logging.info("CPU threads: %d (torch.get_num_threads(); OMP_NUM_THREADS sets it). Losses differ in their "
+                 "last digits between thread counts.", torch.get_num_threads())
+    if params.amp_mode == "fp16":
+        logging.warning("--amp_mode=fp16 on a CPU is slow: PyTorch's CPU float16 convolutions run several times "
+                        "slower than fp32 ones. On a CPU use --amp_mode=bf16 or none; fp16 is for GPUs.")
+
+
 def check_run_time(params, world, device):
     """Log the estimated time of a long run; refuse one that would take hours on a CPU, unless --device=cpu.
 
     Called on every rank with the same options; the ranks measure their CPUs at the same moment, so
     each measures its share of the machine.
     """
+    if device.type == "cpu":
+        describe_cpu(params)
     flops_per_sample = unet_flops_per_sample(params)
     if not flops_per_sample or run_flops(params, flops_per_sample) < SMALL_RUN_FLOPS:
         return
