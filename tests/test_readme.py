@@ -242,7 +242,7 @@ def check_real_paths(scratch, output):
 
 
 def check_resumed(scratch, output):
-    run_dir(scratch, "demo", run_num="01")
+    run_dir(scratch, "demo", run_num="two")
     assert "Resumed from" in output and "Time taken for epoch 2 " in output and "Time taken for epoch 1 " not in output
 
 
@@ -357,11 +357,11 @@ RUN = {
     "python train.py --config=demo --train_path=$DATA_DIR/downsamp_2048crop_train.h5 "
     "--val_path=$DATA_DIR/downsamp_1024crop_valid.h5": Run(
         append=TINY, env={"DATA_DIR": "{scratch}/real"}, check=check_real_paths),
-    "python train.py --config=demo --run_num=01 --num_epochs=2": Run(
-        append=f"{TINY} --checkpoint=true", check=check_run("demo", run_num="01")),
+    "python train.py --config=demo --run_num=two --num_epochs=2": Run(
+        append=f"{TINY} --checkpoint=true", check=check_run("demo", run_num="two")),
     # First a one-epoch run under the same run name; the README's --resume then continues it to epoch 2.
-    "python train.py --config=demo --run_num=01 --resume": Run(
-        before=(f"python train.py --config=demo --run_num=01 {TINY} --checkpoint=true",),
+    "python train.py --config=demo --run_num=two --resume": Run(
+        before=(f"python train.py --config=demo --run_num=two {TINY} --checkpoint=true",),
         append=f"{TINY} --num_epochs=2 --checkpoint=true",
         check=check_resumed),
     "python train.py --config=short --num_epochs 4 --profiler=torch": Run(
