@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, run_train
+from conftest import ROOT, SIGNAL_DURING_STEP, run_train
 from utils import get_data_loader_distributed
 from utils.YParams import YParams
 
@@ -102,36 +102,16 @@ def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_one_line(data_files
     assert stopped == [str(step)] and step < 2 * 40
 
 
-# A step that sends this process SIGINT (as Ctrl-C does) during training step SIGNAL_AT and then takes
-# STEP_SECONDS: long enough for a second Ctrl-C from the test before the step ends.
-SLOW_STEP_AFTER_CTRL_C = """
-import os, signal, sys, time
-import train
-
-def step_with_ctrl_c(model, optimizer, loss_fn, precision, params):
-    step, calls = train.default_step(model, optimizer, loss_fn, precision, params), [0]
-    def run(inputs, targets):
-        calls[0] += 1
-        if calls[0] == int(os.environ["SIGNAL_AT"]):
-            os.kill(os.getpid(), signal.SIGINT)
-            print("first Ctrl-C sent", flush=True)
-            time.sleep(float(os.environ["STEP_SECONDS"]))
-        return step(inputs, targets)
-    return run
-
-train.main(sys.argv[1:], make_step=step_with_ctrl_c)
-"""
-
-
 def test_a_second_ctrl_c_exits_at_once_and_keeps_the_last_checkpoint(data_files, tmp_path):
     args = ["--config=test", f"--train_path={data_files['train']}", f"--val_path={data_files['valid']}",
             f"--expdir={tmp_path}", "--Nsamples=16", "--Nsamples_val=4", "--num_epochs=3"]  # 4 steps an epoch
-    process = subprocess.Popen([sys.executable, "-c", SLOW_STEP_AFTER_CTRL_C, *args], cwd=ROOT, text=True,
+    # SIGINT during step 6, which then takes 60 s: time for a second Ctrl-C before the step ends.
+    process = subprocess.Popen([sys.executable, "-c", SIGNAL_DURING_STEP, *args], cwd=ROOT, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env={**os.environ, "SIGNAL_AT": "6", "STEP_SECONDS": "60"})
+                               env={**os.environ, "SIGNAL": "SIGINT", "SIGNAL_AT": "6", "STEP_SECONDS": "60"})
     try:
         before = ""
-        while "first Ctrl-C sent" not in before:  # step 6: epoch 1 and its checkpoint are done
+        while "signal sent" not in before:  # step 6: epoch 1 and its checkpoint are done
             line = process.stdout.readline()
             assert line, before + process.stderr.read()
             before += line

@@ -12,7 +12,7 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import ROOT, run_train
+from conftest import ROOT, SIGNAL_DURING_STEP, run_train
 
 pytestmark = pytest.mark.slow
 SCALARS = {"Loss/train", "Loss/valid", "Learning Rate", "Avg iters per sec"}
@@ -102,25 +102,6 @@ def test_interrupted_and_resumed_run_ends_like_an_uninterrupted_one(data_files, 
     assert "Resumed from" in resumed.stdout
     whole = final_val_loss(tmp_path / "test" / "1CPU" / "whole")
     assert final_val_loss(run_dir) == pytest.approx(whole, rel=1e-5, abs=1e-7)
-
-
-# Runs train.main with a step that sends SIGUSR1 (the batch system's time-limit warning) to its own
-# process during training step number SIGNAL_AT: a deterministic stand-in for a signal arriving anywhere.
-SIGNAL_DURING_STEP = """
-import functools, os, signal, sys
-import train
-
-def signalling_step(model, optimizer, loss_fn, precision, params):
-    step, calls = train.default_step(model, optimizer, loss_fn, precision, params), [0]
-    def run(inputs, targets):
-        calls[0] += 1
-        if calls[0] == int(os.environ["SIGNAL_AT"]):
-            os.kill(os.getpid(), signal.SIGUSR1)
-        return step(inputs, targets)
-    return run
-
-train.main(sys.argv[1:], make_step=signalling_step)
-"""
 
 
 # The same with the signal sent during validation batch SIGNAL_AT (counting the validation at step 0).
