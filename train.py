@@ -37,9 +37,9 @@ from utils.metrics import ValidationMetrics, format_metrics, power_spectrum_figu
 from utils.optim import Precision, build_optimizer, configure_tf32, set_learning_rate
 from utils.preview import render_preview, save_png
 from utils.profiling import DEFAULT_WINDOWS, Profiling, annotate, check_profiling_options
+from utils.progress import Progress
 from utils.runs import (CONFIG_NAME, changed_options, default_run_num, record_config,
                         refuse_resume_without_checkpoint, run_num_given, schedule_change)
-from utils.progress import Progress
 from utils.signals import StopSignals
 
 
@@ -358,7 +358,7 @@ def checkpoint(run_dir, model, optimizer, precision, position, params, world):
 
 
 def exit_on_signal(stop, position, run_dir, world, tensorboard):
-    """End the process after SIGTERM/SIGUSR1, with the conventional status 128 + signal number."""
+    """End the process after SIGTERM/SIGUSR1/SIGINT, with the conventional status 128 + signal number."""
     tensorboard.close()
     logging.info("Stopped at step %d (epoch %d) with a checkpoint in %s; continue with --resume --run_num=%s.",
                  position.step, position.epoch + (position.batch_in_epoch > 0), run_dir, os.path.basename(run_dir))
