@@ -2,7 +2,7 @@
 # make test        set up and run the whole test suite (what CI runs), the Slurm tests included
 # make test-slurm  only the tests that submit submit_pm.sh to a real two-node Slurm (run as root)
 # make figures     remake tutorial_images/ from the committed example_logs/
-# make data        only the synthetic data set;  make clean   remove the environment, data and runs
+# make data        only the synthetic data set;  make clean   remove the environment, data (data_large too) and runs
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -22,7 +22,7 @@ test: $(VENV)/.installed-test
 test-slurm: $(VENV)/.installed-test
 	$(PY) -m pytest tests/test_slurm.py $(PYTEST_ARGS)
 
-figures: $(VENV)/.installed-test
+figures: $(VENV)/.installed-figures
 	$(PY) -m figures.tutorial_images
 
 data: $(DATA)
@@ -40,9 +40,15 @@ $(VENV)/.installed: requirements.txt
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
-	$(PY) -m pip install --quiet -r requirements-test.txt
+# make figures needs Playwright alone (the TensorBoard screenshot; the browser is the system's Chromium),
+# not the test set (DALI alone is about 1 GB). make test's set-up includes it.
+$(VENV)/.installed-figures: $(VENV)/.installed
+	$(PY) -m pip install --quiet playwright
 	touch $@
 
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
+	$(PY) -m pip install --quiet -r requirements-test.txt
+	touch $@ $(VENV)/.installed-figures
+
 clean:
-	rm -rf $(VENV) data runs
+	rm -rf $(VENV) data data_large runs

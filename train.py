@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import logging
 import os
+import shutil
 import sys
 import time
 
@@ -30,12 +31,16 @@ from utils.distributed import (agree_to_stop, all_reduce_mean, check_domain_crop
                                read_world, shutdown)
 from utils.halo import split_domain
 from utils.errors import UserError, exit_on_user_error
+from utils.estimate import check_run_time
 from utils.logging_utils import TensorBoard, config_logger, log_to_file
 from utils.losses import build_loss
 from utils.metrics import ValidationMetrics, format_metrics, power_spectrum_figure
 from utils.optim import Precision, build_optimizer, configure_tf32, set_learning_rate
 from utils.preview import render_preview, save_png
 from utils.profiling import DEFAULT_WINDOWS, Profiling, annotate, check_profiling_options
+from utils.progress import Progress
+from utils.runs import (CONFIG_NAME, changed_options, default_run_num, record_config,
+                        refuse_resume_without_checkpoint, run_num_given, schedule_change)
 from utils.signals import StopSignals
 
 
@@ -87,10 +92,16 @@ def check_crop_size(params):
     check_domain_crop(params.domain_mesh, params.crop_size, multiple)
 
 
-def claim_run_dir(params, world, device):
-    """The run directory's path; refuses one that holds a run unless --resume. Creates nothing."""
+def claim_run_dir(params, world, device, argv):
+    """The run directory's path; refuses one that holds a run unless --resume. Creates nothing.
+
+    Without --run_num a new run takes the first free number (00, 01, ...) and --resume the last one.
+    """
     kind = "GPU" if device.type == "cuda" else "CPU"
-    run_dir = os.path.join(params.expdir, params.config, f"{world.size}{kind}", params.run_num)
+    runs_dir = os.path.join(params.expdir, params.config, f"{world.size}{kind}")
+    if not run_num_given(argv):
+        params["run_num"] = default_run_num(runs_dir, params.resume)
+    run_dir = os.path.join(runs_dir, params.run_num)
     taken = os.path.isdir(run_dir) and bool(os.listdir(run_dir)) and not params.resume
     # Every rank looks before rank 0 creates anything, and all ranks agree on the answer.
     if agree_to_stop(taken, world, device):
@@ -101,13 +112,17 @@ def claim_run_dir(params, world, device):
     return run_dir
 
 
-def create_run_dir(run_dir, params, world):
-    """Rank 0 makes the run directory, starts out.log (with the lines logged so far) and config.yaml."""
+def run_options(params, world):
+    return {**params.to_dict(), "world_size": world.size}
+
+
+def create_run_dir(run_dir, params, world, position):
+    """Rank 0 makes the run directory, starts out.log (with the lines logged so far; a resumed run
+    appends) and config.yaml, or appends this resume and its changed options to it."""
     if world.is_main:
         os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
         log_to_file(os.path.join(run_dir, "out.log"))
-        with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-            write_yaml({**params.to_dict(), "world_size": world.size}, f)
+        record_config(run_dir, run_options(params, world), position.step)
 
 
 def build_model(params, device, mesh=None):
@@ -149,11 +164,22 @@ def training_loss(model, loss_fn, params):
     return torch.compile(forward_loss, mode=params.compile_mode)
 
 
-def resume(run_dir, model, optimizer, scaler):
-    """The saved position, with states restored, or a fresh start when there is no checkpoint."""
+def resume(run_dir, model, optimizer, scaler, params, world, steps_per_epoch):
+    """With --resume, the saved position, with states restored, and what changed options mean for
+    the schedule; without, the start.
+
+    A run directory with no run is refused (a mistyped --run_num or a forgotten --config); one that
+    holds a run but no checkpoint yet (stopped before its first one) starts again from step 0; a run
+    that has trained all its epochs is said to be complete, and the process ends.
+    """
     path = os.path.join(run_dir, CHECKPOINT_NAME)
+    if not params.resume:
+        return Position()
     if not os.path.exists(path):
-        logging.info("No checkpoint in %s: starting from scratch.", run_dir)
+        if not os.path.exists(os.path.join(run_dir, "out.log")):
+            refuse_resume_without_checkpoint(run_dir, params, CHECKPOINT_NAME)
+        logging.warning("%s holds a run but no checkpoint (it stopped before its first one, or ran with "
+                        "--checkpoint=false): starting it again from step 0.", run_dir)
         return Position()
     try:
         position = Position(**load_checkpoint(path, model, optimizer, scaler))
@@ -162,13 +188,40 @@ def resume(run_dir, model, optimizer, scaler):
                         "with the config it was made with (see config.yaml beside it), or start a new "
                         "--run_num.") from None
     logging.info("Resumed from %s at epoch %d, step %d.", path, position.epoch + 1, position.step)
+    exit_if_complete(position, params, run_dir, world)
+    report_changed_options(run_dir, run_options(params, world), position.step, steps_per_epoch)
     return position
 
 
+def report_changed_options(run_dir, options, step, steps_per_epoch):
+    """Log the options that differ from those the run was started (or last resumed) with, and what
+    they do to the learning-rate schedule; config.yaml records them when training goes on."""
+    config_path = os.path.join(run_dir, CONFIG_NAME)
+    if not os.path.exists(config_path):
+        return
+    changed = changed_options(config_path, options)
+    if changed:
+        logging.warning("Options changed since the run started or was last resumed: %s",
+                        ", ".join(f"{key} {old} -> {new}" for key, (old, new) in changed.items()))
+        message = schedule_change(changed, {key: old for key, (old, _) in changed.items()}, options, step,
+                                  steps_per_epoch, lr_schedule)
+        if message:
+            logging.warning(message)
+
+
+def exit_if_complete(position, params, run_dir, world):
+    """A resumed run that has trained all its epochs: say so and end, writing nothing."""
+    if position.epoch < params.num_epochs:
+        return
+    logging.info("The run in %s is already complete: it trained %d epochs (%d steps), and --num_epochs is %d. "
+                 "Nothing to train. To train it longer, resume with a larger --num_epochs (the learning-rate "
+                 "schedule is then recomputed for the new length), or start a new --run_num.",
+                 run_dir, position.epoch, position.step, params.num_epochs)
+    shutdown(world)
+    sys.exit(0)
+
+
 # ----------------------------------------------------------------------------- one step, one epoch
-
-STOP_CHECK_STEPS = 10  # how often the ranks agree whether a stop signal arrived (one tiny all-reduce)
-
 
 def train_step(forward_loss, optimizer, precision, inputs, targets):
     """Forward, loss, backward and optimiser update for one batch; returns the loss (on the device).
@@ -203,26 +256,28 @@ def train_one_epoch(step_fn, loader, optimizer, schedule, first_step, move, stop
     """Train on the epoch's remaining batches from global step ``first_step``; return their losses.
 
     Nothing here waits for the device: the losses stay a device tensor that the caller reads once,
-    at the end of the epoch. A stop signal ends the epoch early (all ranks at the same step).
+    at the end of the epoch. A stop signal ends the epoch early, before the next step (all ranks at
+    the same step; see utils.signals.StopSignals for how often several ranks ask each other).
     """
     losses = []
     for step, (inputs, targets) in enumerate(loader, start=first_step):
+        if stop.requested():
+            break
         profiling.step(step)  # opens and closes the profiling window; one comparison when off
         with annotate("step", step):
             with annotate("data copy in", step):
                 inputs, targets = move(inputs), move(targets)
             set_learning_rate(optimizer, schedule(step))
             losses.append(step_fn(inputs, targets))
-        if (step + 1) % STOP_CHECK_STEPS == 0 and stop.agreed():
-            break
-    return torch.stack(losses)
+    return torch.stack(losses) if losses else torch.zeros(0, device=first_device(optimizer))
 
 
-def check_finite(losses, last_step, run_dir):
-    """Stop with a clear message at the first non-finite training loss (one host sync per call)."""
-    finite = torch.isfinite(losses)
-    if not bool(finite.all()):  # waits for the device: the epoch's work is done
-        first_bad = last_step - len(losses) + int((~finite).nonzero()[0])
+def check_finite(losses, last_step, run_dir, world):
+    """Stop with a clear message at the first non-finite training loss on any rank (one host sync per
+    call): every rank stops alike, so rank 0 can report it for all."""
+    non_finite = all_reduce_mean((~torch.isfinite(losses)).float(), world)
+    if bool(non_finite.any()):  # waits for the device: the epoch's work is done
+        first_bad = last_step - len(losses) + int(non_finite.nonzero()[0])
         raise UserError(f"The training loss became non-finite at step {first_bad}. Training stopped; the "
                         f"last good checkpoint in {run_dir} (if any) is kept. Lower --start_lr, or use "
                         "--amp_mode=bf16 or none instead of fp16.")
@@ -236,9 +291,14 @@ def new_cudagraph_step():
         torch.compiler.cudagraph_mark_step_begin()
 
 
+def first_device(optimizer):
+    return optimizer.param_groups[0]["params"][0].device
+
+
 @torch.no_grad()
-def validate(model, loader, loss_fn, precision, move, world, mesh, metrics=None):
-    """Mean validation loss over all ranks, and the first sample with its prediction (for the preview).
+def validate(model, loader, loss_fn, precision, move, world, mesh, stop, progress, metrics=None):
+    """Mean validation loss over all ranks, and the first sample with its prediction (for the preview);
+    None when a stop signal cut it short (asked before every batch, as in training).
 
     ``metrics``, when given, accumulates the physics metrics batch by batch, on the device. Under a
     domain ``mesh`` the loss is each block's mean (the blocks are equal, so their mean is the sample's),
@@ -248,7 +308,10 @@ def validate(model, loader, loss_fn, precision, move, world, mesh, metrics=None)
     """
     model.eval()
     totals, count, sample = [], 0, None
-    for inputs, targets in loader:
+    for inputs, targets in progress(loader, "validation"):
+        if stop.requested():
+            model.train()
+            return None
         inputs, targets = move(inputs), move(targets)
         new_cudagraph_step()
         with precision.autocast():
@@ -269,8 +332,11 @@ def validate(model, loader, loss_fn, precision, move, world, mesh, metrics=None)
 
 def log_epoch(tensorboard, epoch, losses, elapsed, optimizer, model, params, world, step):
     """The original's epoch lines and scalars at global ``step`` (the steps taken so far); the
-    first epoch of a run also reports the loss at step 0 and the memory per rank."""
+    first epoch of a run also reports the loss at step 0 and the memory per rank. Nothing when the
+    epoch has no steps left (resumed after its training, to repeat a validation cut short)."""
     steps = len(losses)
+    if not steps:
+        return
     train_loss = all_reduce_mean(losses.mean(), world).item()
     logging.info("Time taken for epoch %d is %s sec, avg %s samples/sec", epoch + 1, elapsed,
                  steps * params.global_batch_size / elapsed)
@@ -290,10 +356,17 @@ def log_epoch(tensorboard, epoch, losses, elapsed, optimizer, model, params, wor
 
 def validate_and_log(validation, tensorboard, run_dir, params, world, step):
     """Validate (``validation`` is :func:`validate` bound to the model and loader), log the loss
-    and, when on, the metrics and the preview; return the metrics' log lines."""
+    and, when on, the metrics and the preview; return the metrics' log lines, or None when a stop
+    signal cut the validation short (nothing is logged: a resumed run validates this step again)."""
+    if step == 0:
+        logging.info("Validation before training (step 0)")
     start = time.time()
     metrics = ValidationMetrics() if params.val_metrics else None
-    val_loss, sample = validation(metrics=metrics)
+    validated = validation(metrics=metrics)
+    if validated is None:
+        logging.info("  Validation at step %d stopped by the signal; --resume runs it again.", step)
+        return None
+    val_loss, sample = validated
     # As in the original, the validation time is the loss pass's: the metrics' share is reported apart.
     metrics_seconds = metrics.clock.seconds() if metrics is not None else 0.0
     logging.info("  Avg val loss=%f", val_loss)
@@ -319,12 +392,21 @@ def validate_and_log(validation, tensorboard, run_dir, params, world, step):
 
 
 def exit_on_signal(stop, position, run_dir, world, tensorboard):
-    """End the process after SIGTERM/SIGUSR1, with the conventional status 128 + signal number."""
+    """End the process after SIGTERM/SIGUSR1/SIGINT, with the conventional status 128 + signal number."""
     tensorboard.close()
-    logging.info("Stopped at step %d (epoch %d) with a checkpoint in %s; continue with --resume.",
-                 position.step, position.epoch + (position.batch_in_epoch > 0), run_dir)
+    logging.info("Stopped at step %d (epoch %d) with a checkpoint in %s; continue with --resume --run_num=%s.",
+                 position.step, position.epoch + (position.batch_in_epoch > 0), run_dir, os.path.basename(run_dir))
     shutdown(world, 128 + stop.received)
     sys.exit(128 + stop.received)
+
+
+def tensorboard_command():
+    """``tensorboard`` as this environment runs it: .venv/bin/tensorboard unless the venv is activated."""
+    beside = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    on_path = shutil.which("tensorboard")
+    if on_path and os.path.realpath(on_path) == os.path.realpath(beside):
+        return "tensorboard"
+    return os.path.relpath(beside) if os.path.exists(beside) else "tensorboard"
 
 
 def finish(tensorboard, metric_lines, run_dir, params, world):
@@ -333,8 +415,8 @@ def finish(tensorboard, metric_lines, run_dir, params, world):
         logging.info("Validation metrics after the last epoch:")
         for line in metric_lines:
             logging.info("  %s", line)
-    logging.info("Done. TensorBoard logs: %s (view with: tensorboard --logdir %s)",
-                 os.path.join(run_dir, "logs"), params.expdir)
+    logging.info("Done. TensorBoard logs: %s (view with: %s --logdir %s)",
+                 os.path.join(run_dir, "logs"), tensorboard_command(), params.expdir)
     if params.preview_image and not params.enable_benchy:
         logging.info("Preview image: %s", os.path.join(run_dir, "preview.png"))
     logging.info("DONE ---- rank %d", world.rank)
@@ -346,30 +428,30 @@ def finish(tensorboard, metric_lines, run_dir, params, world):
 @exit_on_user_error
 @exit_on_lost_rank
 def main(argv=None, make_step=None, graph_capture=False):
-    """Set everything up, then train: ``num_epochs`` of (train, log, validate, checkpoint). ``make_step``
-    (model, optimizer, loss_fn, precision, params) makes the function that trains on one batch:
-    train_graph.py's replays a CUDA graph, with ``graph_capture`` asking for parts it can capture."""
+    """Set everything up, then train ``num_epochs`` of (train, log, validate, checkpoint). ``make_step``
+    makes the one-batch step: train_graph.py's replays a CUDA graph (``graph_capture``: capturable parts)."""
     # The ranks, the options and the device: decided once, then passed down.
-    world = read_world()
-    params = load_params(sys.argv[1:] if argv is None else argv, world.size,
-                         DEFAULT_WINDOWS["train_graph.py" if graph_capture else "train.py"])
+    world, argv = read_world(), sys.argv[1:] if argv is None else argv
+    params = load_params(argv, world.size, DEFAULT_WINDOWS["train_graph.py" if graph_capture else "train.py"])
     config_logger(world.is_main)
     params.log()
     check_crop_size(params)
     device = pick_device(params, world)
     check_parallel_options(params, world, device, graph_capture)
+    check_run_time(params, world, device)  # a GPU-sized config on a CPU is refused here
     mesh = init_process_group(world, device, params)  # and, under --domain_mesh, the domain groups
     torch.manual_seed(params.seed)
 
     # Data first. Nothing is written before everything is built: a run refused during set-up (a
     # missing file, an option this machine cannot do) leaves no half-made run directory behind.
     logging.info("rank %d, begin data loader init", world.rank)
-    train_loader, val_loader = get_data_loader_distributed(params, mesh.data_rank, device, mesh.data_size, mesh.block)
+    train_loader, val_loader = get_data_loader_distributed(params, mesh.data_rank, device, mesh.data_size,
+                                                           mesh.block)  # this rank's block of each crop
     logging.info("rank %d, data loader initialized with config %s", world.rank, params.data_loader_config)
     steps_per_epoch = len(train_loader)
     check_profiling_options(params, steps_per_epoch)
     check_benchy_options(params, device)
-    run_dir = claim_run_dir(params, world, device)
+    run_dir = claim_run_dir(params, world, device, argv)
 
     # Model, optimiser, precision and loss, resolved once so that the loop has no branches for them.
     # Order: the parallel wrapper first (FSDP replaces the parameters the optimiser must hold), then
@@ -382,14 +464,16 @@ def main(argv=None, make_step=None, graph_capture=False):
     step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
     model = compile_model(model, params)
     move = functools.partial(to_device, device=device, memory_format=memory_format(params))
-    validation = functools.partial(validate, model, val_loader, loss_fn, precision, move, world, mesh)
+    stop = StopSignals(world, device)  # from here on, Ctrl-C and SIGTERM stop at the next step
+    progress = Progress(enabled=world.is_main)  # a bar on a terminal, else a log line every minute
+    validation = functools.partial(validate, model, val_loader, loss_fn, precision, move, world, mesh, stop,
+                                   progress)
 
     # The checkpoint's states (one that does not fit is refused first), then the run directory.
-    position = resume(run_dir, model, optimizer, precision.scaler) if params.resume else Position()
-    create_run_dir(run_dir, params, world)
+    position = resume(run_dir, model, optimizer, precision.scaler, params, world, steps_per_epoch)
+    create_run_dir(run_dir, params, world, position)
     tensorboard = TensorBoard(os.path.join(run_dir, "logs"), enabled=world.is_main)
     schedule = functools.partial(lr_schedule, total_steps=params.num_epochs * steps_per_epoch, params=params)
-    stop = StopSignals(world, device)
     checkpoints = Checkpointer(run_dir, params, world, device)
     profiling = Profiling(params, world, device, run_dir, steps_per_epoch, position.step)
     # --enable_benchy: the epochs become benchy's trials, and, as in the original, nothing is validated.
@@ -397,26 +481,24 @@ def main(argv=None, make_step=None, graph_capture=False):
     validating = not params.enable_benchy
 
     logging.info("Starting Training Loop...")
-    metric_lines = []
-    if position.step == 0 and validating:
-        logging.info("Validation before training (step 0)")
-        metric_lines = validate_and_log(validation, tensorboard, run_dir, params, world, step=0)
+    metric_lines = (validate_and_log(validation, tensorboard, run_dir, params, world, step=0)
+                    if position.step == 0 and validating else [])
     with profiling:  # closes a window cut short; dumps a CUDA memory snapshot on out-of-memory
         for epoch in range(position.epoch, params.num_epochs):
             train_loader.sampler.set_epoch(epoch, start=position.batch_in_epoch * train_loader.batch_size)
             remaining = len(train_loader)  # fewer batches after a resume; a trial's under benchy
             start = time.time()
-            losses = train_one_epoch(step_fn, train_loader, optimizer, schedule, position.step, move, stop,
-                                     profiling)
+            losses = train_one_epoch(step_fn, progress(train_loader, f"epoch {epoch + 1}"), optimizer, schedule,
+                                     position.step, move, stop, profiling)
             position = position.advanced(len(losses))
-            check_finite(losses, position.step, run_dir)  # waits for the device
+            check_finite(losses, position.step, run_dir, world)  # waits for the device
             elapsed = time.time() - start
             if len(losses) == remaining:  # a whole epoch, not one cut short by a stop signal
                 log_epoch(tensorboard, epoch, losses, elapsed, optimizer, model, params, world, position.step)
-                if validating:
-                    metric_lines = validate_and_log(validation, tensorboard, run_dir, params, world,
-                                                    position.step)
-                position = position.next_epoch()
+                lines = (validate_and_log(validation, tensorboard, run_dir, params, world, position.step)
+                         if validating else [])
+                if lines is not None:  # None: a stop signal cut the validation short; --resume repeats it
+                    metric_lines, position = lines, position.next_epoch()
             finished = epoch + 1 == params.num_epochs or getattr(train_loader, "stop_training", False)
             checkpoints.save(model, optimizer, precision.scaler, position, due=stop.agreed() or finished)
             tensorboard.flush()

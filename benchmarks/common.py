@@ -45,6 +45,24 @@ KEEP_OR_REPLACE = ("Nothing was run or written. Pass --out_dir=<another folder> 
                    "replace them.")
 
 
+def next_free(base, taken):
+    """``base``, or else ``base-2``, ``base-3``, ...: the first name that ``taken(name)`` says is free.
+
+    Where a tool writes by default (no ``--out_dir``, no ``--overwrite``), the documented command
+    writes its results under a new name beside the committed ones, or beside an earlier run's of
+    the same day, instead of refusing; a folder the user names is refused as :func:`claim_folder` says.
+    """
+    name, number = base, 1
+    while taken(name):
+        number += 1
+        name = f"{base}-{number}"
+    return name
+
+
+def holds_files(folder):
+    return os.path.isdir(folder) and bool(os.listdir(folder)) or os.path.isfile(folder)
+
+
 def claim_folder(out_dir, overwrite, written_here):
     """Check the output folder before anything is measured or written: one that holds files is
     refused unless --overwrite. With it, the files there that ``written_here(name)`` says this tool

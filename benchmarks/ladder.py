@@ -29,7 +29,7 @@ import torch
 
 import train
 from benchmarks.common import (ROOT, argument_parser, check_preset, claim_files, device_name, device_slug,
-                               make_data)
+                               make_data, next_free)
 from benchmarks.preflight import compile_problem
 from benchmarks.trials import run_trials
 from utils import get_data_loader_distributed
@@ -207,6 +207,8 @@ def main(argv=None):
     name = device_name(device.type == "cuda")
     stamp = datetime.datetime.now(datetime.timezone.utc)
     base = os.path.join(args.out_dir, f"{device_slug(name)}-{stamp:%Y-%m-%d}")
+    if args.out_dir == parser.get_default("out_dir") and not args.overwrite:  # a second run today: base-2
+        base = next_free(base, lambda b: any(os.path.exists(b + suffix) for suffix in (".json", ".md", ".log")))
     # Before anything is made or measured: the folder is shared, so only this run's three names count.
     claim_files([base + suffix for suffix in (".json", ".md", ".log")], args.overwrite,
                 earlier="an earlier run on this device today")

@@ -16,19 +16,38 @@ import argparse
 import json
 import os
 import statistics
-import sys
+
+from utils.errors import UserError, exit_on_user_error
 
 
 def read_series(paths, kind):
     """``{nranks: mean throughput}`` of trial ``kind`` (FULL, SYNTHETIC, IO) over the given files."""
     series = {}
     for path in paths:
-        with open(path) as f:
-            result = json.load(f)
+        result = read_result(path)
         if kind not in result or "nranks" not in result:
-            sys.exit(f"error: {path} is not a benchmark result with {kind} trials (written by --enable_benchy).")
+            raise UserError(f"{path} is not a benchmark result with {kind} trials (written by --enable_benchy).")
         series.setdefault(int(result["nranks"]), []).append(statistics.mean(result[kind]["trial_throughput"]))
     return {n: statistics.mean(values) for n, values in sorted(series.items())}
+
+
+def read_result(path):
+    """One --enable_benchy JSON file; a missing or unreadable one is refused with one paragraph."""
+    if not os.path.isfile(path):
+        raise UserError(f"{path} does not exist. Pass the JSON files that --enable_benchy runs wrote (the "
+                        "README's sbatch loop writes scaling/ddp_<N>.json and scaling/noddp_<N>.json; a shell "
+                        "pattern that matches no file is passed on as it is, hence this name).")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UserError(f"{path} is not a JSON file written by --enable_benchy.") from None
+
+
+def rank_unit(paths):
+    """What a rank is, for the labels: "GPUs", or "CPU ranks" when every run was on CPUs."""
+    devices = {read_result(path).get("device", "cuda") for path in paths}
+    return "CPU ranks" if devices == {"cpu"} else "GPUs"
 
 
 def read_folder(folder, kind="FULL"):
@@ -111,17 +130,20 @@ def plot(ddp, noddp, kind, path, unit="GPUs", title="weak scaling"):
     plt.close(fig)
 
 
+@exit_on_user_error
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Weak-scaling plots from --enable_benchy JSON files.")
     parser.add_argument("--ddp", nargs="+", required=True, help="results of runs with gradient communication")
     parser.add_argument("--noddp", nargs="*", default=[], help="results of the same runs with --noddp")
     parser.add_argument("--kind", default="FULL", choices=("FULL", "SYNTHETIC", "IO"))
-    parser.add_argument("--unit", default="GPUs", help="what a rank is, for the axis labels")
+    parser.add_argument("--unit", default=None,
+                        help='what a rank is, for the axis labels (default: "GPUs", or "CPU ranks" for CPU runs)')
     parser.add_argument("--title", default="weak scaling")
     parser.add_argument("--out", default="scaling.png")
     args = parser.parse_args(argv)
 
     ddp, noddp = read_series(args.ddp, args.kind), read_series(args.noddp, args.kind)
+    args.unit = args.unit or rank_unit(args.ddp + args.noddp)
     print(markdown_table(ddp, noddp, args.unit))
     plot(ddp, noddp, args.kind, args.out, args.unit, args.title)
     print(f"Plot: {args.out}")

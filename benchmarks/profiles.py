@@ -18,8 +18,10 @@ around `--enable_manual_profiling`, the tutorial's own recipe) when an ``nsys`` 
 ``.nsys-rep`` that it makes is kept, and when none can be made, profiles.json says why. Nothing
 is renamed or made up: every file here comes out of the run it is listed with.
 
-A folder that already holds files (the preset's own folder holds the committed ones) is refused
-before anything runs: pass another ``--out_dir``, or ``--overwrite`` to replace its profiles.
+Without ``--out_dir``, the profiles go to the preset's folder, or, when it holds files (the
+committed ones), to a dated folder beside it (``example_logs/cpu_profiles-<device>-<date>``, then
+``-2``, ...); ``--overwrite`` replaces the preset folder's profiles instead. A folder named with
+``--out_dir`` that already holds files is refused before anything runs.
 """
 import collections
 import datetime
@@ -33,8 +35,8 @@ import sys
 
 import torch
 
-from benchmarks.common import (ROOT, argument_parser, check_preset, claim_folder, device_name, make_data, outcome,
-                               relative_args, run)
+from benchmarks.common import (ROOT, argument_parser, check_preset, claim_folder, device_name, device_slug,
+                               holds_files, make_data, next_free, outcome, relative_args, run)
 from utils.errors import exit_on_user_error
 from utils.profiling import range_name
 
@@ -295,6 +297,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     preset = PRESETS[args.preset]
+    if not args.out_dir and not args.overwrite and holds_files(preset["out_dir"]):  # the committed profiles
+        stamp = datetime.datetime.now(datetime.timezone.utc)
+        args.out_dir = next_free(f"{preset['out_dir']}-{device_slug(device_name(args.preset == 'gpu'))}-"
+                                 f"{stamp:%Y-%m-%d}", holds_files)
     args.out_dir = args.out_dir or preset["out_dir"]
     check_preset(args.preset)
     claim_folder(args.out_dir, args.overwrite, written_here)  # before anything is made, removed or run

@@ -31,7 +31,7 @@ import sys
 import torch
 
 from benchmarks.common import (ROOT, argument_parser, check_preset, claim_folder, device_name, device_slug, make_data,
-                               outcome, relative, relative_args, run)
+                               holds_files, next_free, outcome, relative, relative_args, run)
 from benchmarks import plot_scaling
 from utils.errors import exit_on_user_error
 
@@ -125,6 +125,8 @@ def main(argv=None):
     name = device_name(args.preset == "gpu")
     stamp = datetime.datetime.now(datetime.timezone.utc)
     out_dir = args.out_dir or os.path.join(ROOT, "benchmarks", "results", "scaling", folder_name(name, stamp, args))
+    if not args.out_dir and not args.overwrite:  # a second run today: <folder>-2
+        out_dir = next_free(out_dir, holds_files)
     claim_folder(out_dir, args.overwrite, written_here)  # before anything is made, removed or run
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "benchy.yaml"), "w") as f:

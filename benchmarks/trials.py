@@ -4,6 +4,7 @@ The benchmark tools (the ladder) measure each rung with this; train.py's ``--ena
 the same trials (utils/benchy.py) inside its epochs.
 """
 import copy
+import sys
 
 from utils.benchy import DEFAULT_CONFIG, BenchyLoader
 
@@ -38,3 +39,9 @@ def run_trials(step_fn, loader, device, *, nbatches=50, ntrials=3, nwarmup=1, io
         epoch += 1
     return bench.summary()
 
+
+
+if __name__ == "__main__":  # a library module: `python -m ... --help` (or any use) says what it is
+    print(__doc__.strip())
+    print(f"\n{__spec__.name} has no command line of its own; it is imported (see above).")
+    sys.exit(0 if sys.argv[1:] in ([], ["--help"], ["-h"]) else 2)

@@ -71,3 +71,25 @@ def snapshot(directory):
             with open(path, "rb") as f:
                 files[os.path.relpath(path, directory)] = (f.read(), os.stat(path).st_mtime_ns)
     return files
+
+
+# Runs train.main with a step that sends its own process the signal SIGNAL (default SIGUSR1, the batch
+# system's time-limit warning) during training step number SIGNAL_AT, prints "signal sent", and then,
+# with STEP_SECONDS set, takes that long: a deterministic stand-in for a signal arriving anywhere.
+SIGNAL_DURING_STEP = """
+import os, signal, sys, time
+import train
+
+def signalling_step(model, optimizer, loss_fn, precision, params):
+    step, calls = train.default_step(model, optimizer, loss_fn, precision, params), [0]
+    def run(inputs, targets):
+        calls[0] += 1
+        if calls[0] == int(os.environ["SIGNAL_AT"]):
+            os.kill(os.getpid(), getattr(signal, os.environ.get("SIGNAL", "SIGUSR1")))
+            print("signal sent", flush=True)
+            time.sleep(float(os.environ.get("STEP_SECONDS", 0)))
+        return step(inputs, targets)
+    return run
+
+train.main(sys.argv[1:], make_step=signalling_step)
+"""

@@ -160,6 +160,8 @@ def run_variants(world, out_dir):
         "rank0_flags": distributed.agree_to_stop(world.rank == 0, world, device),
         "none_flags": distributed.agree_to_stop(False, world, device),
         "last_flags": distributed.agree_to_stop(world.rank == world.size - 1, world, device),
+        # rank r proposes 7 - 4 r steps to the next check: all agree on the fewest, and on the flag
+        "and_steps": distributed.agree_to_stop_and_steps(world.rank == 1, 7 - 4 * world.rank, world, device),
     }
     with open(os.path.join(out_dir, f"agree.rank{world.rank}.json"), "w") as f:
         json.dump(agreed, f)

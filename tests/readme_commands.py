@@ -106,7 +106,7 @@ def make_scratch(directory, root):
         for name in os.listdir(sys.prefix):
             if not name.startswith("."):
                 os.symlink(os.path.join(sys.prefix, name), os.path.join(venv, name))
-        for stamp in (".installed", ".installed-test"):
+        for stamp in (".installed", ".installed-test", ".installed-figures"):
             open(os.path.join(venv, stamp), "w").close()
     return directory
 

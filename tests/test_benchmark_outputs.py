@@ -63,17 +63,38 @@ def test_a_folder_holding_results_is_refused_before_anything_is_made(tool, tmp_p
     assert snapshot(tmp_path) == before and os.listdir(tmp_path) == ["out"], "a refused run writes nothing"
 
 
-def test_profiles_cpu_preset_refuses_the_committed_traces(capsys, tmp_path, no_measuring):
-    """The user's case: the CPU preset's default folder holds the traces the README quotes."""
+def test_the_documented_profiles_command_writes_beside_the_committed_traces(capsys, tmp_path, synthetic_data_dir):
+    """The user's case: `python -m benchmarks.profiles --preset cpu`, whose default folder holds the
+    traces the README quotes, writes a dated folder beside it and leaves the committed one alone."""
     folder = os.path.join(ROOT, "example_logs", "cpu_profiles")
     if not os.path.isdir(folder) or not os.listdir(folder):
         pytest.skip("no committed CPU profiles in this checkout")
     before = snapshot(folder)
-    message = refused("profiles", ["--preset", "cpu", "--data_dir", str(tmp_path / "data"),
-                                   "--work_dir", str(tmp_path / "work")], capsys)
-    assert "The output folder example_logs/cpu_profiles already holds files (" in message
-    assert "--out_dir=<another folder>" in message and "--overwrite" in message
-    assert snapshot(folder) == before and os.listdir(tmp_path) == []
+    stamp = datetime.datetime.now(datetime.timezone.utc)
+    expected = f"{folder}-{common.device_slug(common.device_name(False))}-{stamp:%Y-%m-%d}"
+    made = []
+    try:
+        for _ in range(2):  # run twice: the second goes to <folder>-2
+            assert profiles.main(["--preset", "cpu", "--only", "no such rung", "--data_dir", str(synthetic_data_dir),
+                                  "--work_dir", str(tmp_path / "work")]) == []
+            made.append(capsys.readouterr().out.strip().splitlines()[-1])
+            with open(os.path.join(expected, "profiles.json"), "w") as f:  # as a rung would have made it
+                f.write("{}")
+        assert made == [f"Profiles, profiles.json and README.md in {expected}",
+                        f"Profiles, profiles.json and README.md in {expected}-2"]
+        assert snapshot(folder) == before
+    finally:
+        for path in (expected, expected + "-2"):
+            if os.path.isdir(path) and set(os.listdir(path)) <= {"profiles.json"}:
+                for name in os.listdir(path):
+                    os.remove(os.path.join(path, name))
+                os.rmdir(path)
+
+
+def test_the_default_folders_take_the_next_free_name():
+    taken = {"base", "base-2"}
+    assert common.next_free("base", taken.__contains__) == "base-3"
+    assert common.next_free("other", taken.__contains__) == "other"
 
 
 def test_ladder_refuses_any_of_its_three_files_but_not_the_shared_folder(tmp_path, capsys, no_measuring):

@@ -261,8 +261,9 @@ def test_agree_to_stop(runs):
     out_dir, _ = runs
     for rank in (0, 1):
         agreed = json.loads((out_dir / f"agree.rank{rank}.json").read_text())
-        assert agreed == {"rank0_flags": True, "none_flags": False, "last_flags": True}, rank
+        assert agreed == {"rank0_flags": True, "none_flags": False, "last_flags": True, "and_steps": [True, 3]}, rank
     assert distributed.agree_to_stop(True, World(), torch.device("cpu")) is True
+    assert distributed.agree_to_stop_and_steps(False, 5, World(), torch.device("cpu")) == (False, 5)
 
 
 @pytest.mark.parametrize("how", ["die", "hang"])

@@ -1,6 +1,8 @@
 """`make figures`: the tutorial's images are remade from the committed example logs and results."""
 import os
 import re
+import shutil
+import subprocess
 
 import pytest
 
@@ -32,3 +34,13 @@ def test_example_logs_are_a_complete_demo_run():
     assert {"Loss/train", "Loss/valid", "Learning Rate", "Avg iters per sec"} <= set(events.Tags()["scalars"])
     valid = events.Scalars("Loss/valid")
     assert valid[0].step == 0 and valid[-1].value <= 0.5 * valid[0].value
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_figures_installs_playwright_not_the_test_set(tmp_path):
+    """make's own plan (make -n) for a fresh .venv: Playwright alone, not requirements-test.txt (DALI, ~1 GB)."""
+    plan = subprocess.run(["make", "-n", "figures", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={k: v for k, v in os.environ.items() if not k.startswith("MAKE")})
+    assert plan.returncode == 0, plan.stderr
+    assert "pip install --quiet playwright" in plan.stdout and "requirements-test.txt" not in plan.stdout, plan.stdout
+    assert plan.stdout.strip().splitlines()[-1].endswith("-m figures.tutorial_images")

@@ -236,6 +236,22 @@ def test_cli_refuses_to_overwrite_without_force(tmp_path, capsys):
     assert snapshot(tmp_path) == before
 
 
+def test_the_same_command_again_finds_its_data_set_and_writes_nothing(tmp_path):
+    """`make data`, then the README's `python -m utils.generate_data --out_dir data`: the second finds
+    the files the first made (same sizes, seed and physics) and exits 0 without touching them."""
+    command = [sys.executable, "-m", "utils.generate_data", "--out_dir", str(tmp_path), "--train_size", "16",
+               "--val_size", "8"]
+    subprocess.run(command, check=True, capture_output=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    before = snapshot(tmp_path)
+    again = subprocess.run(command, capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert again.returncode == 0 and "already holds this data set" in again.stdout, again.stderr
+    assert snapshot(tmp_path) == before
+    bigger = subprocess.run(command[:-1] + ["16"], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert bigger.returncode == 2 and "refusing to overwrite" in bigger.stderr  # another data set: refused
+    assert snapshot(tmp_path) == before
+
+
 def test_cli_overwrites_with_force(tmp_path):
     argv = ["--out_dir", str(tmp_path), "--train_size", "16", "--val_size", "8"]
     assert run_main(generate_data.main, argv) == 0

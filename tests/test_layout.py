@@ -23,6 +23,7 @@ UTILS_IMPORTS = {
     "halo": set(),  # receives the mesh from the caller
     "errors": set(),
     "files": set(),
+    "estimate": {"errors", "flops"},  # the run's FLOPs and the device's rate
     "flops": {"errors"},
     "generate_data": {"convert_h5_to_npy", "errors", "files"},  # it also writes the .npy copies
     "logging_utils": set(),
@@ -31,7 +32,9 @@ UTILS_IMPORTS = {
     "optim": {"errors"},
     "preview": {"files"},
     "profiling": {"errors"},
-    "signals": {"distributed"},  # the ranks agree to stop at the same step
+    "progress": set(),
+    "runs": {"YParams", "errors", "files"},  # config.yaml read and written as the configs are
+    "signals": {"distributed", "errors"},  # the ranks agree to stop at the same step; a second Ctrl-C exits at once
     "symmetry": {"errors"},
     "tensorboard_launch": {"errors"},
 }
@@ -68,3 +71,15 @@ def test_train_py_main_is_one_screenful():
     assert loop.end_lineno - loop.lineno + 1 <= 25
     inner = [node for statement in main.body for node in ast.walk(statement)]
     assert not [node for node in inner if isinstance(node, (ast.FunctionDef, ast.Lambda))]  # no closures
+
+
+def test_library_modules_answer_help_with_what_they_are():
+    """`python -m utils.tensorboard_launch --help` and `python -m benchmarks.trials --help` once printed nothing."""
+    import subprocess
+    import sys
+
+    for module in ("utils.tensorboard_launch", "benchmarks.trials"):
+        result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 0 and f"{module} has no command line of its own" in result.stdout, module
+        assert len(result.stdout.splitlines()) > 3  # the module's docstring first

@@ -3,10 +3,13 @@ with and without --noddp) write, and on files with known throughputs."""
 import argparse
 import datetime
 import json
+import subprocess
+import sys
 
 import pytest
 
 from benchmarks import scaling
+from conftest import ROOT
 from benchmarks import plot_scaling
 from figures import tutorial_images as figures
 
@@ -94,3 +97,20 @@ def test_efficiency_and_overhead_from_known_throughputs(tmp_path, capsys):
     assert [[cell.strip() for cell in row] for row in rows] == [["1", "100.0", "100.0%", "100.0", "0.0%"],
                                                                ["2", "180.0", "90.0%", "200.0", "10.0%"]]
     assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_missing_files_are_refused_with_one_paragraph_and_cpu_ranks_are_named_so(tmp_path):
+    """As the README's command runs before any sbatch loop wrote its files: the glob stays unexpanded."""
+    command = [sys.executable, "-m", "benchmarks.plot_scaling", "--ddp", "scaling/ddp_*.json", "--out",
+               str(tmp_path / "scaling.png")]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith("error: scaling/ddp_*.json does not exist.")
+    assert not (tmp_path / "scaling.png").exists()
+
+    path = tmp_path / "ddp_1.json"
+    path.write_text(json.dumps({"nranks": 1, "device": "cpu", "FULL": {"trial_throughput": [10.0]}}))
+    result = subprocess.run(command[:4] + [str(path), *command[5:]], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "| CPU ranks |" in result.stdout and "GPU" not in result.stdout, result.stdout

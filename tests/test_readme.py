@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import ROOT, needs_dali
+from conftest import ROOT, dali_installed, needs_dali
 from readme_commands import copy_data, make_scratch, readme_commands, shell_line
 from utils.generate_data import generate_box, write_h5
 
@@ -251,7 +251,7 @@ def check_real_paths(scratch, output):
 
 
 def check_resumed(scratch, output):
-    run_dir(scratch, "demo", run_num="01")
+    run_dir(scratch, "demo", run_num="two")
     assert "Resumed from" in output and "Time taken for epoch 2 " in output and "Time taken for epoch 1 " not in output
 
 
@@ -405,9 +405,11 @@ RUN = {
     "python train.py --config=demo --train_path=$DATA_DIR/downsamp_2048crop_train.h5 "
     "--val_path=$DATA_DIR/downsamp_1024crop_valid.h5": Run(
         append=TINY, env={"DATA_DIR": "{scratch}/real"}, check=check_real_paths),
+    "python train.py --config=demo --run_num=two --num_epochs=2": Run(
+        append=f"{TINY} --checkpoint=true", check=check_run("demo", run_num="two")),
     # First a one-epoch run under the same run name; the README's --resume then continues it to epoch 2.
-    "python train.py --config=demo --run_num=01 --resume": Run(
-        before=(f"python train.py --config=demo --run_num=01 {TINY} --checkpoint=true",),
+    "python train.py --config=demo --run_num=two --resume": Run(
+        before=(f"python train.py --config=demo --run_num=two {TINY} --checkpoint=true",),
         append=f"{TINY} --num_epochs=2 --checkpoint=true",
         check=check_resumed),
     "python train.py --config=short --num_epochs 4 --profiler=torch": Run(
@@ -652,3 +654,51 @@ def test_scaling_model_prose_is_that_of_its_report():
     assert f"{100 * baseline:.1f}% at 32 nodes (256 GPUs), and the same knobs pass 95%" in text
     assert min(h100[k] for k in ("--ddp_comm_hook=bf16", "--local_batch_size=128", "--parallel=fsdp")) > 0.95
     assert min(k["efficiency"] for k in report["knobs"]["h100-datasheet"]) > 0.99
+
+
+# Commands run here whose inputs come from README commands that are not (the sbatch loop of the
+# scaling section): in the in-order run their `before` lines stand in for those.
+IN_ORDER_SET_UP = {c for c in RUN if c.startswith("python -m benchmarks.plot_scaling")}
+# Run as written in the in-order run (the sizes of `make data`, which it follows: it finds that data set).
+IN_ORDER_AS_WRITTEN = {"python -m utils.generate_data --out_dir data"}
+
+
+@pytest.mark.slow
+def test_readme_commands_run_in_order_in_one_fresh_copy(tmp_path, readme_data):
+    """A reader who runs the README's commands in its order, in one fresh copy of the repository:
+    every command run here exits 0 (no run directory collides with an earlier command's, no tool
+    refuses its documented command because an earlier one wrote its results); CPU-sized as above,
+    the same state carried from each command to the next."""
+    scratch = make_scratch(tmp_path, ROOT)
+    has_venv = os.path.isdir(os.path.join(scratch, ".venv"))
+    for folder, (train_name, valid_name) in DATA_FOLDERS.items():
+        if folder != "data":  # data/ is made by the README's own first commands
+            copy_data([(readme_data["train"], os.path.join(scratch, folder, train_name)),
+                       (readme_data["valid"], os.path.join(scratch, folder, valid_name))])
+    if not has_venv:  # `make data` is skipped: the generator's command makes data/
+        copy_data([(readme_data["train"], os.path.join(scratch, "data", "synthetic_train.h5")),
+                   (readme_data["valid"], os.path.join(scratch, "data", "synthetic_valid.h5"))])
+    write_tiny_benchy_config(os.path.join(scratch, "benchy.yaml"))
+    base_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("BENCHY_", "SLURM_", "MAKE")) and k not in ("MFLAGS", "DATA_DIR", "TENSORBOARD_LOGDIR")}
+    base_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + base_env.get("PATH", "")
+    ran, skipped = [], []
+    for command in COMMANDS:
+        run = RUN.get(command)
+        if run is None:
+            continue
+        if (command.startswith("make ") and not has_venv) or ("dali" in command and not dali_installed()):
+            skipped.append(command)
+            continue
+        env = {**base_env, **{key: value.format(scratch=scratch) for key, value in run.env.items()}}
+        for line in run.before if command in IN_ORDER_SET_UP else ():
+            result = run_shell(shell_line(line), scratch, env)
+            assert result.returncode == 0, f"set-up `{line}` failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        append = "" if command in IN_ORDER_AS_WRITTEN else run.append
+        line = shell_line(command) + (" " + append if append else "")
+        result = run_shell(line, scratch, env)
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, f"after {len(ran)} commands, `{command}` exited with " \
+                                       f"{result.returncode}:\n{output[-5000:]}"
+        ran.append(command)
+    assert ran == [c for c in COMMANDS if c in RUN and c not in skipped], "every command run here ran, in order"

@@ -1,16 +1,21 @@
 """End-to-end runs of train.py on the tiny `test` config: logs, TensorBoard, checkpoints, resume."""
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import ROOT, run_train
+from conftest import ROOT, SIGNAL_DURING_STEP, run_train
+from utils.distributed import DomainMesh
+from utils.progress import Progress
 
 pytestmark = pytest.mark.slow
 SCALARS = {"Loss/train", "Loss/valid", "Learning Rate", "Avg iters per sec"}
@@ -116,35 +121,45 @@ def test_interrupted_and_resumed_run_ends_like_an_uninterrupted_one(data_files, 
     assert final_val_loss(run_dir) == pytest.approx(whole, rel=1e-5, abs=1e-7)
 
 
-# Runs train.main with a step that sends SIGUSR1 (the batch system's time-limit warning) to its own
-# process during training step number SIGNAL_AT: a deterministic stand-in for a signal arriving anywhere.
-SIGNAL_DURING_STEP = """
-import functools, os, signal, sys
+# The same with the signal sent during validation batch SIGNAL_AT (counting the validation at step 0).
+SIGNAL_DURING_VALIDATION = """
+import os, signal, sys
+import torch
+import yaml
 import train
 
-def signalling_step(model, optimizer, loss_fn, precision, params):
-    step, calls = train.default_step(model, optimizer, loss_fn, precision, params), [0]
-    def run(inputs, targets):
-        calls[0] += 1
-        if calls[0] == int(os.environ["SIGNAL_AT"]):
-            os.kill(os.getpid(), signal.SIGUSR1)
-        return step(inputs, targets)
+build_loss = train.build_loss
+def loss_that_signals(params):
+    loss_fn, calls = build_loss(params), [0]
+    def run(predictions, targets):
+        if not torch.is_grad_enabled():  # validation
+            calls[0] += 1
+            if calls[0] == int(os.environ["SIGNAL_AT"]):
+                os.kill(os.getpid(), signal.SIGUSR1)
+        return loss_fn(predictions, targets)
     return run
 
-train.main(sys.argv[1:], make_step=signalling_step)
+train.build_loss = loss_that_signals
+train.main(sys.argv[1:])
 """
 
 
-@pytest.mark.parametrize("nsamples, signal_at, saved", [
-    (16, 4, {"epoch": 1, "step": 4, "batch_in_epoch": 0}),    # last step of epoch 1, between stop checks
-    (48, 10, {"epoch": 0, "step": 10, "batch_in_epoch": 10}),  # a stop check in the middle of epoch 1
-    (40, 10, {"epoch": 1, "step": 10, "batch_in_epoch": 0}),   # a stop check on the last step of epoch 1
-], ids=["epoch_end", "mid_epoch", "check_at_epoch_end"])
-def test_a_signal_anywhere_in_an_epoch_resumes_cleanly(data_files, tmp_path, nsamples, signal_at, saved):
-    # 4 samples a step: 4, 12 and 10 steps an epoch; the ranks agree on stops every 10 steps.
-    args = data_args(data_files, tmp_path, f"--Nsamples={nsamples}", "--Nsamples_val=4")
+@pytest.mark.parametrize("nsamples, script, signal_at, saved", [
+    # The last step of epoch 1: the stop comes before its validation, which the resumed run does.
+    (16, SIGNAL_DURING_STEP, 4, {"epoch": 0, "step": 4, "batch_in_epoch": 4}),
+    (48, SIGNAL_DURING_STEP, 5, {"epoch": 0, "step": 5, "batch_in_epoch": 5}),    # the middle of epoch 1
+    (48, SIGNAL_DURING_STEP, 10, {"epoch": 0, "step": 10, "batch_in_epoch": 10}),
+    (40, SIGNAL_DURING_STEP, 10, {"epoch": 0, "step": 10, "batch_in_epoch": 10}),
+    # The validation after epoch 1 (2 batches of 4): its training is saved, the validation repeated.
+    (16, SIGNAL_DURING_VALIDATION, 3, {"epoch": 0, "step": 4, "batch_in_epoch": 4}),
+    (16, SIGNAL_DURING_VALIDATION, 1, {"epoch": 0, "step": 0, "batch_in_epoch": 0}),  # at step 0
+], ids=["epoch_end", "mid_epoch", "mid_epoch_10", "last_step", "validation", "validation_at_step_0"])
+def test_a_signal_anywhere_in_an_epoch_resumes_cleanly(data_files, tmp_path, nsamples, script, signal_at, saved):
+    # 4 samples a step: 4, 12 and 10 steps an epoch; on one rank the stop is asked before every step
+    # and every validation batch.
+    args = data_args(data_files, tmp_path, f"--Nsamples={nsamples}", "--Nsamples_val=8")
     run_train([*args, "--run_num=whole"])
-    stopped = subprocess.run([sys.executable, "-c", SIGNAL_DURING_STEP, *args, "--run_num=cut"], cwd=ROOT,
+    stopped = subprocess.run([sys.executable, "-c", script, *args, "--run_num=cut"], cwd=ROOT,
                              env={**os.environ, "SIGNAL_AT": str(signal_at)}, capture_output=True, text=True,
                              timeout=120)
     assert stopped.returncode == 128 + signal.SIGUSR1, stopped.stdout[-3000:] + stopped.stderr[-3000:]
@@ -220,5 +235,62 @@ def test_compile_makes_model_and_loss_one_function_and_validation_marks_each_bat
     model.register_forward_hook(lambda *args: events.append("model"))
     loader = [(inputs, targets)] * 3
     world = train.read_world()
-    train.validate(model, loader, loss_fn, Precision("none", torch.device("cpu")), lambda x: x, world)
+    no_stop = types.SimpleNamespace(requested=lambda: False)
+    train.validate(model, loader, loss_fn, Precision("none", torch.device("cpu")), lambda x: x, world, DomainMesh(),
+                   no_stop, Progress(enabled=False))
     assert events == ["new step", "model"] * 3
+
+
+def test_resume_refuses_a_run_that_is_not_there_and_keeps_config_yaml_the_record(data_files, tmp_path):
+    from conftest import snapshot
+
+    run_train(data_args(data_files, tmp_path, "--run_num=a", "--num_epochs=1"))
+    run_dir = tmp_path / "test" / "1CPU" / "a"
+
+    # A mistyped --run_num: refused, naming the run that can be resumed; nothing written.
+    typo = run_train(data_args(data_files, tmp_path, "--run_num=b", "--resume"), check=False)
+    message = " ".join(typo.stderr.split())
+    assert typo.returncode == 2 and "Traceback" not in typo.stderr, typo.stderr
+    assert f"there is no run to continue in {tmp_path / 'test' / '1CPU' / 'b'}" in message, message
+    assert f"that hold one: {run_dir} " in message and "leave out --resume" in message, message
+    assert not (tmp_path / "test" / "1CPU" / "b").exists()
+
+    # A longer run: the change is said, with what it does to the schedule, and appended to config.yaml.
+    longer = run_train(data_args(data_files, tmp_path, "--run_num=a", "--resume", "--num_epochs=2"))
+    assert "Options changed since the run started or was last resumed: num_epochs 1 -> 2" in longer.stdout
+    assert "Its cosine now ends at step 8 instead of 4, and the rate at step 4 is" in longer.stdout
+    with open(run_dir / "config.yaml") as f:
+        record = yaml.safe_load(f)
+    assert record["num_epochs"] == 1 and record["resume"] is False  # the options the run started with
+    assert record["resumed"] == [{"at_step": 4, "changed": {"num_epochs": [1, 2]}}]
+
+    # A finished run: "already complete", status 0, no training and nothing written.
+    before = snapshot(run_dir)
+    done = run_train(data_args(data_files, tmp_path, "--run_num=a", "--resume", "--num_epochs=2"))
+    assert f"The run in {run_dir} is already complete: it trained 2 epochs (8 steps)" in done.stdout
+    assert "Starting Training Loop" not in done.stdout and "Done." not in done.stdout
+    assert snapshot(run_dir) == before
+
+
+def test_resume_of_a_run_stopped_before_its_first_checkpoint_starts_it_again(data_files, tmp_path):
+    run_dir = tmp_path / "test" / "1CPU" / "00"
+    run_dir.mkdir(parents=True)
+    (run_dir / "out.log").write_text("a run killed before its first checkpoint\n")
+    result = run_train(data_args(data_files, tmp_path, "--resume", "--num_epochs=1"))
+    assert "holds a run but no checkpoint" in result.stdout and "starting it again from step 0" in result.stdout
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["position"]["step"] == 4
+
+
+def test_without_run_num_runs_take_the_next_free_number_and_resume_takes_the_last(data_files, tmp_path):
+    """README commands run in order never collide in run 00; --resume without --run_num continues the last run."""
+    for expected in ("00", "01"):
+        result = run_train(data_args(data_files, tmp_path, "--num_epochs=1"))
+        assert f"run directory {tmp_path / 'test' / '1CPU' / expected}\n" in result.stdout
+        # The closing hint names a tensorboard that runs from here, activated venv or not.
+        command = re.search(r"\(view with: (\S+) --logdir ", result.stdout).group(1)
+        assert shutil.which(command) or os.access(os.path.join(ROOT, command), os.X_OK), command
+    resumed = run_train(data_args(data_files, tmp_path, "--num_epochs=2", "--resume"))
+    assert f"Resumed from {tmp_path / 'test' / '1CPU' / '01' / 'checkpoint.pt'} at epoch 2" in resumed.stdout
+    with open(tmp_path / "test" / "1CPU" / "01" / "config.yaml") as f:
+        assert yaml.safe_load(f)["run_num"] == "01"
+    assert sorted(os.listdir(tmp_path / "test" / "1CPU")) == ["00", "01"]

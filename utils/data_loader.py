@@ -134,8 +134,12 @@ class CropSpec:
         """The split's specification; refuses a crop larger than the box of ``source`` (a file).
         ``block``: the part of each turned crop this rank trains on (None: all of it)."""
         if params.crop_size > box_side:
-            raise UserError(f"crop_size={params.crop_size} is larger than the box side {box_side} of {source}. "
-                            f"Use --crop_size={box_side} or less, or a larger box (python -m "
+            # The advice fits both files: the other split's box may be smaller still.
+            other = params.val_path if split == TRAIN_SPLIT else params.train_path
+            fits = min(box_side, other_box_side(params, other) or box_side)
+            also = f" (and {other} has side {fits})" if fits < box_side else ""
+            raise UserError(f"crop_size={params.crop_size} is larger than the box side {box_side} of {source}{also}. "
+                            f"Use --crop_size={fits} or less, or larger boxes (python -m "
                             f"utils.generate_data --train_size ... --val_size ... --force).")
 
         def triplets(channels):
@@ -245,6 +249,14 @@ class LowMemDataset(RandomCropDataset):
     def __getstate__(self):
         # Worker processes started by spawn receive a copy without the open handle.
         return {**self.__dict__, "_file": None, "_pid": None}
+
+
+def other_box_side(params, path):
+    """The box side of the HDF5 file ``path``, or None if it cannot be read (the error comes in its turn)."""
+    try:
+        return inspect_volume(path, params.N_in_channels, params.N_out_channels)
+    except (UserError, OSError, KeyError, ValueError):
+        return None
 
 
 def build_dataset(params, path, num_samples, split, augment, block=None):

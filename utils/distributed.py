@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from utils.errors import UserError, exit_now
+from utils.errors import RankError, UserError, exit_now
 
 try:  # public in newer torch; torch 2.4 kept DTensor in a private module
     from torch.distributed.tensor import DTensor, distribute_tensor
@@ -54,7 +54,7 @@ class World:
         return self.rank == 0
 
 
-class LostRankError(UserError):
+class LostRankError(RankError):
     """Another rank died or stopped answering; this one gives up instead of waiting forever."""
 
 
@@ -319,12 +319,12 @@ def init_process_group(world, device, params=None):
     except RuntimeError as error:  # a DistError; for a taken port torch 2.4 and 2.5 raise a plain RuntimeError
         detail = first_line(error)
         if "EADDRINUSE" in str(error) or "address already in use" in str(error).lower():
-            raise UserError(f"Rank 0 cannot listen on MASTER_PORT={os.environ['MASTER_PORT']}: another "
+            raise RankError(f"Rank 0 cannot listen on MASTER_PORT={os.environ['MASTER_PORT']}: another "
                             "program (perhaps an earlier run that is still alive) uses that port. Choose "
                             "another port, e.g. torchrun --master_port=29501, or end the old run.") from None
         if not isinstance(error, dist.DistError):
             raise
-        raise UserError(f"Rank {world.rank} of {world.size} could not meet the other ranks at {address} "
+        raise RankError(f"Rank {world.rank} of {world.size} could not meet the other ranks at {address} "
                         f"within dist_timeout_s={_timeout_s} s ({detail}). Check that every rank "
                         "was started with the same WORLD_SIZE, MASTER_ADDR and MASTER_PORT, that "
                         "MASTER_ADDR is the node running rank 0 and is reachable from this node, and "
@@ -627,6 +627,17 @@ def agree_to_stop(local_flag, world, device):
     flag = torch.tensor([1 if local_flag else 0], dtype=torch.int32, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())  # waits for the device and the other ranks
+
+
+def agree_to_stop_and_steps(local_flag, steps, world, device):
+    """``(stop, fewest steps)``: :func:`agree_to_stop`, and the smallest ``steps`` any rank proposes,
+    in the same single all-reduce (MAX of the flag and of minus the steps)."""
+    if world.size == 1:
+        return bool(local_flag), steps
+    values = torch.tensor([1 if local_flag else 0, -steps], dtype=torch.int64, device=device)
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    flag, minus_steps = values.tolist()  # waits for the device and the other ranks
+    return bool(flag), -minus_steps
 
 
 def all_reduce_mean(tensor, world):

@@ -505,7 +505,11 @@ def main(argv=None):
     check_memory((args.train_size, args.val_size))
 
     # Check every output before writing any, so a refused run leaves everything as it was.
-    existing = [path for path in planned_outputs(args.out_dir, not args.no_npy) if os.path.exists(path)]
+    planned = planned_outputs(args.out_dir, not args.no_npy)
+    existing = [path for path in planned if os.path.exists(path)]
+    if existing == planned and not args.force and holds_this_data_set(args, physics):
+        print(f"{args.out_dir} already holds this data set (the same sizes, seed and physics): nothing to do.")
+        return
     if existing and not args.force:
         raise UserError(
             f"refusing to overwrite {', '.join(existing)}. Pass --force to overwrite, "
@@ -536,6 +540,21 @@ def main(argv=None):
               "and no longer match them.", file=sys.stderr)
     for name in OUTPUT_NAMES.values():
         print(os.path.join(args.out_dir, name))
+
+
+def holds_this_data_set(args, physics):
+    """Whether the HDF5 files in ``args.out_dir`` are what this command would write: the same
+    generator version, sizes, seed and physics (the generator is deterministic for them)."""
+    for split, side in (("train", args.train_size), ("valid", args.val_size)):
+        expected = {"generator_version": GENERATOR_VERSION, "split": split, "seed": args.seed, "box_side": side,
+                    **{f"physics_{name}": value for name, value in physics.items()}}
+        try:
+            with h5py.File(os.path.join(args.out_dir, OUTPUT_NAMES[split]), "r") as f:
+                if any(key not in f.attrs or f.attrs[key] != value for key, value in expected.items()):
+                    return False
+        except OSError:  # not HDF5, or truncated
+            return False
+    return True
 
 
 def warn_if_clipping(path, attrs):

@@ -221,3 +221,9 @@ def _is_tensorboard(pid):
         return not os.path.isdir("/proc")  # no /proc to check with (macOS): trust the caller
     except OSError:
         return False
+
+
+if __name__ == "__main__":  # a library module: `python -m ... --help` (or any use) says what it is
+    print(__doc__.strip())
+    print(f"\n{__spec__.name} has no command line of its own; it is imported (see above).")
+    sys.exit(0 if sys.argv[1:] in ([], ["--help"], ["-h"]) else 2)
