@@ -25,7 +25,7 @@ def test_figures_are_made_from_the_example_logs(tmp_path):
     # Every image the README shows comes out of make figures (the screenshot needs the browser, skipped here).
     with open(os.path.join(ROOT, "README.md")) as f:
         shown = {os.path.basename(path) for path in re.findall(r"!\[[^\]]*\]\((tutorial_images/[^)]+)\)", f.read())}
-    assert {"large_batch_loss.png", "scaling_cpu-vm-2-cores-2026-11-23.png"} <= shown
+    assert {"large_batch_loss.png", "scaling_cpu-vm-2-cores-2026-11-25.png"} <= shown
     assert shown - {"tensorboard_scalars.png"} <= set(os.listdir(tmp_path)), shown - set(os.listdir(tmp_path))
 
 
