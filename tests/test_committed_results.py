@@ -31,8 +31,10 @@ EXAMPLE_COMMANDS = {
     "example_logs/large_batch/demo_bs32_test/out.log": "train.py --config=demo_bs32_test",
     "example_logs/large_batch/demo_bs32_opt/config.yaml": "train.py --config=demo_bs32_opt",
     "example_logs/large_batch/demo_bs32_opt/out.log": "train.py --config=demo_bs32_opt",
-    "example_logs/ddp_fsdp_memory/ddp.out.log": "train.py --config=demo --parallel=ddp --Nsamples=16 --num_epochs=1",
-    "example_logs/ddp_fsdp_memory/fsdp.out.log": "train.py --config=demo --parallel=fsdp --Nsamples=16 --num_epochs=1",
+    "example_logs/ddp_fsdp_memory/ddp.out.log":
+        "torchrun --standalone --nproc_per_node=2 train.py --config=demo --parallel=ddp --Nsamples=16 --num_epochs=1",
+    "example_logs/ddp_fsdp_memory/fsdp.out.log":
+        "torchrun --standalone --nproc_per_node=2 train.py --config=demo --parallel=fsdp --Nsamples=16 --num_epochs=1",
 }
 
 CONFIG_BLOCK = re.compile(r"- -{18} Configuration -{18}\n(.*?)- -{51}\n", re.S)
@@ -66,7 +68,7 @@ def recorded_config(path):
 
 
 def command_of(path):
-    """The arguments of the train.py command that made the record."""
+    """The script, the arguments of the train.py command that made the record, and its number of ranks."""
     if path in EXAMPLE_COMMANDS:
         command = EXAMPLE_COMMANDS[path]
     else:  # the benchmark tools' README beside the results: one command per run, named by its run_num
@@ -78,7 +80,8 @@ def command_of(path):
         command = found[0]
     arguments = shlex.split(command)
     script = next(word for word in arguments if word.endswith(".py"))
-    return os.path.basename(script), arguments[arguments.index(script) + 1:]
+    ranks = re.search(r"--nproc_per_node[= ](\d+)", command)  # torchrun's ranks; one process otherwise
+    return os.path.basename(script), arguments[arguments.index(script) + 1:], int(ranks.group(1)) if ranks else 1
 
 
 def same(a, b):
@@ -87,9 +90,9 @@ def same(a, b):
     return a == b
 
 
-def differences(recorded, script, arguments):
+def differences(recorded, script, arguments, ranks=1):
     """What the code no longer has of a record: (keys it lacks, {key: (recorded, resolved now)})."""
-    resolved = load_params(arguments, recorded.get("world_size", 1), DEFAULT_WINDOWS[script]).to_dict()
+    resolved = load_params(arguments, recorded.get("world_size", ranks), DEFAULT_WINDOWS[script]).to_dict()
     gone = sorted(set(recorded) - set(resolved) - RUN_SPECIFIC)
     changed = {key: (value, resolved[key]) for key, value in recorded.items()
                if key in resolved and key not in RUN_SPECIFIC and not same(value, resolved[key])}
