@@ -26,8 +26,8 @@ from utils.YParams import data_parallel_size, load_params, write_yaml
 from utils.benchy import check_benchy_options, wrap_for_benchy
 from utils.checkpoint import CHECKPOINT_NAME, Checkpointer, load_checkpoint
 from utils.conv3d import check_conv3d
-from utils.distributed import (agree_to_stop, all_reduce_mean, check_domain_crop, check_parallel_options,
-                               describe_memory, exit_on_lost_rank, init_process_group, memory_report, parallelize,
+from utils.distributed import (DomainMesh, agree_to_stop, all_reduce_mean, check_domain_crop,
+                               check_parallel_options, describe_memory, exit_on_lost_rank, init_process_group, memory_report, parallelize,
                                read_world, shutdown)
 from utils.halo import split_domain
 from utils.errors import UserError, exit_on_user_error
@@ -296,9 +296,11 @@ def first_device(optimizer):
 
 
 @torch.no_grad()
-def validate(model, loader, loss_fn, precision, move, world, mesh, stop, progress, metrics=None):
+def validate(model, loader, loss_fn, precision, move, world, mesh=DomainMesh(), stop=None, progress=None,
+             metrics=None):
     """Mean validation loss over all ranks, and the first sample with its prediction (for the preview);
-    None when a stop signal cut it short (asked before every batch, as in training).
+    None when a ``stop`` signal cut it short (asked before every batch, as in training). ``progress``
+    shows the batches go by (train.py's bar or log lines); the benchmarks pass neither.
 
     ``metrics``, when given, accumulates the physics metrics batch by batch, on the device. Under a
     domain ``mesh`` the loss is each block's mean (the blocks are equal, so their mean is the sample's),
@@ -308,8 +310,8 @@ def validate(model, loader, loss_fn, precision, move, world, mesh, stop, progres
     """
     model.eval()
     totals, count, sample = [], 0, None
-    for inputs, targets in progress(loader, "validation"):
-        if stop.requested():
+    for inputs, targets in progress(loader, "validation") if progress else loader:
+        if stop is not None and stop.requested():
             model.train()
             return None
         inputs, targets = move(inputs), move(targets)

@@ -57,18 +57,19 @@ def train_and_validate(params):
     move = functools.partial(train.to_device, device=device, memory_format=train.memory_format(params))
     steps = params.num_epochs * len(train_loader)
     schedule = functools.partial(lr_schedule, total_steps=steps, params=params)
+    train_step = train.default_step(model, optimizer, loss_fn, precision, params)
     scaler, skipped, step, losses = precision.scaler, 0, 0, []
     for epoch in range(params.num_epochs):
         train_loader.sampler.set_epoch(epoch)
         for inputs, targets in train_loader:
             set_learning_rate(optimizer, schedule(step))
             scale = scaler.get_scale() if scaler.is_enabled() else None
-            losses.append(train.train_step(model, optimizer, loss_fn, precision, move(inputs), move(targets)))
+            losses.append(train_step(move(inputs), move(targets)))
             if scale is not None and scaler.get_scale() < scale:  # waits for the device: a skipped step
                 skipped += 1
             step += 1
     metrics = ValidationMetrics()
-    val_loss, _ = train.validate(model, val_loader, loss_fn, precision, move, world, metrics)
+    val_loss, _ = train.validate(model, val_loader, loss_fn, precision, move, world, metrics=metrics)
     values = metrics.compute()
     top_k = sorted(name[len("rk_k"):] for name in values if name.startswith("rk_k"))
     top_k = max(top_k, key=float)

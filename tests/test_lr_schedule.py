@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from utils import lr_schedule
-from utils.YParams import YParams
+from utils.YParams import YParams, data_parallel_size
 
 CONFIG_FILE = "config/UNet.yaml"
 CONFIG_NAMES = list(yaml.safe_load(open(CONFIG_FILE)))
@@ -90,6 +90,6 @@ def test_train_counts_the_originals_total_steps():
         params = YParams(CONFIG_FILE, config)
         params.update({"data_loader_config": "synthetic", "num_data_workers": 0})
         for world_size in (1, 4):
-            train_loader, _ = get_data_loaders(params, world_rank=world_size - 1, world_size=world_size,
-                                               pin_memory=False)
+            groups = data_parallel_size(params.domain_mesh, world_size)  # the ranks that split the batch
+            train_loader, _ = get_data_loaders(params, world_rank=groups - 1, world_size=groups, pin_memory=False)
             assert len(train_loader) == params.Nsamples // params.global_batch_size, (config, world_size)

@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 
 import pytest
 import torch
@@ -14,8 +13,6 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import ROOT, SIGNAL_DURING_STEP, run_train
-from utils.distributed import DomainMesh
-from utils.progress import Progress
 
 pytestmark = pytest.mark.slow
 SCALARS = {"Loss/train", "Loss/valid", "Learning Rate", "Avg iters per sec"}
@@ -235,9 +232,7 @@ def test_compile_makes_model_and_loss_one_function_and_validation_marks_each_bat
     model.register_forward_hook(lambda *args: events.append("model"))
     loader = [(inputs, targets)] * 3
     world = train.read_world()
-    no_stop = types.SimpleNamespace(requested=lambda: False)
-    train.validate(model, loader, loss_fn, Precision("none", torch.device("cpu")), lambda x: x, world, DomainMesh(),
-                   no_stop, Progress(enabled=False))
+    train.validate(model, loader, loss_fn, Precision("none", torch.device("cpu")), lambda x: x, world)
     assert events == ["new step", "model"] * 3
 
 

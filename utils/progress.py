@@ -29,7 +29,10 @@ class Progress:
         if not self.enabled:
             return iterable
         if self.terminal:
-            return tqdm(iterable, desc=label, total=len(iterable), leave=False, dynamic_ncols=True, unit="step")
+            # Redrawn at every step (mininterval 0: a step takes milliseconds at least), so the last
+            # step's count is drawn before the bar is cleared at the end of the phase.
+            return tqdm(iterable, desc=label, total=len(iterable), leave=False, dynamic_ncols=True, unit="step",
+                        mininterval=0)
         return self._logged(iterable, label)
 
     def _logged(self, iterable, label):
