@@ -250,3 +250,34 @@ def test_readme_rounding_errors_are_those_of_the_make_data_targets(tmp_path):
     with open("README.md") as f:
         readme = " ".join(f.read().split())
     assert "mean absolute rounding error is 2.1e-5 in float16 and 1.7e-4 in bfloat16" in readme
+
+
+# The blocks of a [2, 2, 1] mesh, and of a [1, 2, 2] one, whose blocks are not cubes: a permutation
+# then changes the shape of the box each block is read from.
+MESH_BLOCKS = {"2x2x1": [((0, 16), (0, 16), (0, 32)), ((0, 16), (16, 32), (0, 32)),
+                         ((16, 32), (0, 16), (0, 32)), ((16, 32), (16, 32), (0, 32))],
+               "1x2x2": [((0, 32), (0, 16), (0, 16)), ((0, 32), (0, 16), (16, 32)),
+                         ((0, 32), (16, 32), (0, 16)), ((0, 32), (16, 32), (16, 32))]}
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("mesh", MESH_BLOCKS)
+def test_the_blocks_of_a_domain_group_make_up_the_undivided_batch(data_files, mesh, channels_last):
+    """Under --domain_mesh each rank gathers its block of the same turned crops, training (every element
+    of the group) and validation, bit for bit the window of the undivided batch."""
+    params = make_params(data_files, channels_last=channels_last, Nsamples=48)
+    whole = [epoch_batches(loader, 1) for loader in get_data_loader_distributed(params, 0, None)]
+    drawn = get_data_loader_distributed(params, 0, None)[0].sampler
+    drawn.set_epoch(1)
+    assert len(set(drawn.draws()[1].tolist())) > 24  # reflections and permutations alike
+    for block in MESH_BLOCKS[mesh]:
+        window = (slice(None), slice(None), *(slice(a, b) for a, b in block))
+        for loader, batches in zip(get_data_loader_distributed(params, 0, None, block=block), whole):
+            parts = epoch_batches(loader, 1)
+            assert len(parts) == len(batches)
+            for (x, y), (x_whole, y_whole) in zip(parts, batches):
+                assert x.shape[2:] == tuple(b - a for a, b in block)
+                assert x.is_contiguous(memory_format=torch.channels_last_3d if channels_last else
+                                       torch.contiguous_format)
+                assert_bits_equal(x.numpy(), x_whole[window].numpy())
+                assert_bits_equal(y.numpy(), y_whole[window].numpy())

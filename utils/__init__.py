@@ -14,8 +14,8 @@ def get_data_loader_distributed(params, world_rank, device=None, world_size=1, b
     ``device`` is the training device (a ``torch.device``; None is the CPU). On a GPU the native
     loaders pin their batches so that the copy to the device can overlap with compute,
     ``gpu-inmem`` keeps the volumes on it and cuts the crops there, and ``dali-lowmem`` augments
-    there. ``world_size`` ranks share each epoch's samples. ``block`` (domain parallelism, native
-    loaders): ``(start, stop)`` per axis, the part of every crop this rank reads and trains on.
+    there. ``world_size`` ranks share each epoch's samples. ``block`` (domain parallelism):
+    ``(start, stop)`` per axis, the part of every turned crop this rank reads and trains on.
     """
     kind = params.data_loader_config
     if kind in NATIVE_LOADERS:
@@ -26,7 +26,7 @@ def get_data_loader_distributed(params, world_rank, device=None, world_size=1, b
     if kind == "gpu-inmem":
         from utils.data_loader_gpu import get_data_loaders
 
-        return get_data_loaders(params, world_rank, world_size, device)
+        return get_data_loaders(params, world_rank, world_size, device, block=block)
     if kind == "dali-lowmem":
         from utils.data_loader_dali import get_data_loaders  # DALI itself is imported only in there
 

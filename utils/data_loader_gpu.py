@@ -34,6 +34,12 @@ the draws do not depend on how many batches were taken. Validation draws its cro
 key 0) and never augments, so its losses compare across epochs. The crops are not the native
 loaders' (those are drawn on the host, sample by sample); for the same corners and elements the
 samples are the native ones bit for bit, which the tests check for all 48 elements.
+
+Domain parallelism (``--domain_mesh``): every rank of a domain group uploads the whole volume (the
+crops are drawn anywhere in it), draws the same corners and elements (the draws are seeded by the
+data-parallel rank), and gathers only its block of each turned crop: the affine map above starts at
+the block's first voxel instead of the crop's, over the block's extents. No voxel outside the block
+is read, and the block equals that window of the undivided batch bit for bit.
 """
 import logging
 import math
@@ -64,19 +70,23 @@ class CropAugment:
     """
 
     def __init__(self, box_side, crop_size, channel_groups, device, elements=symmetry.ELEMENTS,
-                 channels_last=False):
-        self.crop_size = crop_size
+                 channels_last=False, block=None):
+        block = block or ((0, crop_size),) * 3
+        self.shape = tuple(stop - start for start, stop in block)  # of each output sample
         self.channels_last = channels_last
         device = torch.device(device)
         perm = torch.tensor([e.perm for e in elements])
         signs = torch.tensor([e.signs for e in elements])
         # Flat voxel index in a contiguous (L, L, L) grid: axis a has stride L**(2 - a). Output axis
-        # i walks input axis perm[i], backwards from the crop's far side when signs[i] == -1.
+        # i walks input axis perm[i] from the crop voxel that lands on the block's first voxel: the
+        # block's start along i, counted from the crop's far side when signs[i] == -1 (backwards).
         axis_stride = box_side ** (2 - perm)
+        start = torch.tensor([first for first, _ in block])
+        first_voxel = torch.where(signs < 0, crop_size - 1 - start, start)  # (E, 3)
         self.corner_stride = torch.tensor([box_side**2, box_side, 1], device=device)
         self.voxel_stride = (signs * axis_stride).to(device)  # (E, 3): per output axis
-        self.voxel_offset = ((signs < 0) * (crop_size - 1) * axis_stride).sum(1).to(device)  # (E,)
-        self.ramp = torch.arange(crop_size, device=device)
+        self.voxel_offset = (first_voxel * axis_stride).sum(1).to(device)  # (E,)
+        self.ramps = [torch.arange(side, device=device) for side in self.shape]
 
         # Output channel c of a group reads channel source[e, c] of the volume, times sign[e, c].
         self.groups = []
@@ -98,26 +108,29 @@ class CropAugment:
     def __call__(self, volume, corners, element_indices):
         """``volume`` (L, L, L, C) on the device, ``corners`` (B, 3) and ``element_indices`` (B,) long.
 
-        Returns one float32 tensor (B, C_k, S, S, S) per channel group: contiguous, or stored
+        Returns one float32 tensor (B, C_k, S, S, S) per channel group (B, C_k, d, h, w with a
+        ``block``: its part of each turned crop, cut directly from the volume): contiguous, or stored
         channels-last (channels_last_3d) when made with ``channels_last``, the layout the model
         then trains in, so that nothing transposes the batch on the way in.
         """
-        n_batch, size = len(corners), self.crop_size
+        n_batch, shape = len(corners), self.shape
+        n_voxels = math.prod(shape)
         stride = self.voxel_stride[element_indices]
         base = (corners * self.corner_stride).sum(1) + self.voxel_offset[element_indices]
         # The source voxel of every (sample, output voxel), by broadcasting the per-sample affine
         # map over the three output axes.
+        ramp_d, ramp_h, ramp_w = self.ramps
         voxels = (base.view(-1, 1, 1, 1)
-                  + stride[:, 0].view(-1, 1, 1, 1) * self.ramp.view(1, -1, 1, 1)
-                  + stride[:, 1].view(-1, 1, 1, 1) * self.ramp.view(1, 1, -1, 1)
-                  + stride[:, 2].view(-1, 1, 1, 1) * self.ramp.view(1, 1, 1, -1))
+                  + stride[:, 0].view(-1, 1, 1, 1) * ramp_d.view(1, -1, 1, 1)
+                  + stride[:, 1].view(-1, 1, 1, 1) * ramp_h.view(1, 1, -1, 1)
+                  + stride[:, 2].view(-1, 1, 1, 1) * ramp_w.view(1, 1, 1, -1))
         # Pass 1: one row of all C channels per voxel. Pass 2: per output channel, the right source
         # channel, channels first (the transpose is a view; the indexing writes a contiguous copy).
-        rows = volume.view(-1, volume.shape[-1]).index_select(0, voxels.view(-1)).view(n_batch, size**3, -1)
+        rows = volume.view(-1, volume.shape[-1]).index_select(0, voxels.view(-1)).view(n_batch, n_voxels, -1)
         outputs = []
         for source, sign in self.groups:
             if self.channels_last:  # (B, S^3, C_k): each voxel's channels gathered in place
-                index = source[element_indices].unsqueeze(1).expand(-1, size**3, -1)
+                index = source[element_indices].unsqueeze(1).expand(-1, n_voxels, -1)
                 out = torch.gather(rows, 2, index)
                 sign_shape = (n_batch, 1, -1)
             else:  # (B, C_k, S^3): channels first
@@ -131,9 +144,9 @@ class CropAugment:
             else:
                 out = out * sign[element_indices].view(sign_shape)  # promotes: cast and sign in one pass
             if self.channels_last:  # a view: (B, C_k, S, S, S) with channels_last_3d strides
-                outputs.append(out.view(n_batch, size, size, size, -1).permute(0, 4, 1, 2, 3))
+                outputs.append(out.view(n_batch, *shape, -1).permute(0, 4, 1, 2, 3))
             else:
-                outputs.append(out.view(n_batch, -1, size, size, size))
+                outputs.append(out.view(n_batch, -1, *shape))
         return outputs
 
 
@@ -245,8 +258,10 @@ class DeviceCropLoader:
             yield inputs, targets
 
 
-def get_data_loaders(params, world_rank, world_size, device=None):
-    """Training and validation loaders whose batches are cut on ``device`` (the CPU when None)."""
+def get_data_loaders(params, world_rank, world_size, device=None, block=None):
+    """Training and validation loaders whose batches are cut on ``device`` (the CPU when None), or
+    only this rank's ``block`` of each turned crop (domain parallelism: ``world_rank`` and
+    ``world_size`` then count the data-parallel groups, whose ranks all draw the same crops)."""
     if device is None:
         device = torch.device("cpu")
     elif isinstance(device, int):
@@ -258,12 +273,12 @@ def get_data_loaders(params, world_rank, world_size, device=None):
                                      (params.val_path, params.Nsamples_val, VALID_SPLIT)):
         is_train = split == TRAIN_SPLIT
         spec = CropSpec.from_params(params, split, inspect_volume(path, params.N_in_channels, params.N_out_channels),
-                                    augment=is_train, source=path)
+                                    augment=is_train, source=path, block=block)
         volume = upload_volume(path, device, dtype)
         logging.info("gpu-inmem: %s on %s as %s, %.3g GB", path, device, params.gpu_inmem_dtype,
                      volume.numel() * volume.element_size() / 1e9)
         augment = CropAugment(spec.box_side, spec.crop_size, spec.channel_groups, device, spec.elements,
-                              channels_last=params.channels_last)
+                              channels_last=params.channels_last, block=spec.block)
         # As many samples per rank as the native DistributedSampler gives, so len() agrees.
         sampler = DeviceCropSampler(math.ceil(num_samples / world_size), spec, world_rank, device,
                                     fixed_epoch=None if is_train else 0)
