@@ -25,6 +25,7 @@ from utils import get_data_loader_distributed, lr_schedule
 from utils.YParams import data_parallel_size, load_params, write_yaml
 from utils.benchy import check_benchy_options, wrap_for_benchy
 from utils.checkpoint import CHECKPOINT_NAME, Checkpointer, load_checkpoint
+from utils.compiler import check_compiler
 from utils.conv3d import check_conv3d
 from utils.distributed import (DomainMesh, agree_to_stop, all_reduce_mean, check_domain_crop,
                                check_parallel_options, describe_memory, exit_on_lost_rank, init_process_group, memory_report, parallelize,
@@ -62,7 +63,8 @@ class Position:
 
 def pick_device(params, world):
     """The training device, chosen once: this rank's GPU when there is one, else the CPU. Logs which
-    backend its 3-D convolutions use, with a warning where a PyTorch/cuDNN release makes them slow."""
+    backend its 3-D convolutions use, with a warning where a PyTorch/cuDNN release makes them slow, and
+    refuses --jit_mode=compile on a machine where torch.compile cannot build (no C compiler or Python.h)."""
     if params.device == "cpu" or (params.device == "auto" and not torch.cuda.is_available()):
         device = torch.device("cpu")
     elif not torch.cuda.is_available():
@@ -75,6 +77,7 @@ def pick_device(params, world):
         torch.backends.cudnn.benchmark = not params.deterministic
         torch.backends.cudnn.deterministic = params.deterministic
         configure_tf32(params.tf32)
+    check_compiler(params)
     if world.is_main:
         check_conv3d(device, params.amp_mode, params.tf32, params.channels_last)
     return device

@@ -27,44 +27,16 @@ import importlib.util
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 
 import torch
 
 from benchmarks.common import ROOT
+from utils.compiler import compile_problem
 from utils.conv3d import cudnn_text
 from utils.data_loader import shm_free_bytes
-
-def compile_problem():
-    """Why torch.compile cannot build its wrappers here (None when it can). Triton and Inductor
-    compile small C files that include ``Python.h``: one such file is compiled here (syntax only,
-    a fraction of a second) with $CC or the first of cc, gcc and clang on PATH."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    include = sysconfig.get_paths()["include"]
-    fix = "install gcc and the Python headers (python3-dev), or run without --jit_mode=compile"
-    if not compiler:
-        return f"torch.compile needs a C compiler (cc, gcc or clang on PATH, or $CC) and finds none: {fix}"
-    if not os.path.exists(os.path.join(include, "Python.h")):
-        return f"torch.compile needs the Python headers, and {include}/Python.h does not exist: {fix}"
-    with tempfile.TemporaryDirectory() as folder:
-        source = os.path.join(folder, "probe.c")
-        with open(source, "w") as f:
-            f.write("#include <Python.h>\nint main(void) { return Py_IsInitialized(); }\n")
-        try:
-            result = subprocess.run([compiler, "-fsyntax-only", f"-I{include}", source], capture_output=True,
-                                    text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as error:
-            return f"torch.compile needs a working C compiler, and {compiler} did not run ({error}): {fix}"
-    if result.returncode != 0:
-        return (f"torch.compile needs a C compiler that builds against Python.h, and {compiler} failed: "
-                f"{result.stderr.strip().splitlines()[-1] if result.stderr.strip() else result.returncode}: {fix}")
-    return None
-
 
 def conv3d_check(device):
     """A bf16 3-D convolution (the U-Net's second level: 64 -> 128 channels, 32^3, batch 8),

@@ -150,6 +150,17 @@ def test_train_graph_refuses_compile_modes_that_record_their_own_graphs(data_fil
                    make_step=train_graph.make_graph_step, graph_capture=True)
 
 
+def test_compile_without_a_c_compiler(data_files, tmp_path, capsys, monkeypatch):
+    """torch.compile builds C wrappers at its first call: without a compiler the run is refused at
+    set-up, not minutes later inside PyTorch."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no cc, gcc or clang
+    monkeypatch.delenv("CC", raising=False)
+    expdir = tmp_path / "runs"
+    assert_refused(args(data_files, expdir, "--jit_mode=compile"), capsys, expdir,
+                   "--jit_mode=compile cannot run here: torch.compile needs a C compiler",
+                   "install gcc and the Python headers (python3-dev), or run without --jit_mode=compile")
+
+
 @pytest.mark.parametrize("loader", ["inmem", "gpu-inmem"])
 def test_volume_larger_than_memory(data_files, tmp_path, capsys, monkeypatch, loader):
     # The real training file is 1024^3 x 9 channels (38.7 GB): on a machine with less free memory the

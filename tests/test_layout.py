@@ -14,6 +14,7 @@ UTILS_IMPORTS = {
     "YParams": {"errors"},
     "benchy": {"errors", "flops"},  # benchy's reports include the MFU
     "checkpoint": {"distributed", "files"},  # FSDP shards are gathered into one file
+    "compiler": {"errors"},
     "conv3d": {"flops"},  # the precision the convolutions run in
     "convert_h5_to_npy": {"errors", "files"},
     "data_loader": {"symmetry", "errors", "signals"},  # workers shielded from the job's stop signals
