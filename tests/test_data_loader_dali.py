@@ -4,6 +4,7 @@ pipeline on real .npy files, no mocks.
 Its samples must be the native loader's, bit for bit: same crops, same symmetry elements, the
 vector channels turned the same way.
 """
+import itertools
 import os
 import shutil
 import sys
@@ -17,7 +18,8 @@ from utils import get_data_loader_distributed, symmetry
 from utils.YParams import YParams
 from utils.convert_h5_to_npy import convert
 from utils.data_loader import CropSampler, CropSpec, InMemoryDataset, build_dataset
-from utils.data_loader_dali import DaliCropLoader, npy_paths
+from utils.data_loader import get_data_loaders as native_loaders
+from utils.data_loader_dali import DaliCropLoader, get_data_loaders, npy_paths, warp_matrix
 from utils.errors import UserError
 
 
@@ -159,6 +161,71 @@ def test_resume_and_ranks(h5_with_npy):
     ranks = [get_data_loader_distributed(params, rank, None, world_size=2)[0] for rank in (0, 1)]
     assert [len(loader) for loader in ranks] == [4, 4] and ranks[0].batch_size == 2
     assert not torch.equal(epoch_batches(ranks[0], 0)[0][0], epoch_batches(ranks[1], 0)[0][0])
+
+
+def mesh_blocks(shape, size):
+    """The blocks of a crop split ``shape`` ways along D, H, W, in the order of the ranks' coords."""
+    return [tuple((c * size // n, (c + 1) * size // n) for c, n in zip(coords, shape))
+            for coords in itertools.product(*(range(n) for n in shape))]
+
+
+def test_the_warp_maps_each_block_voxel_onto_its_source_in_the_box():
+    """warp_affine's arithmetic done in numpy, nearest neighbour on voxel centres k + 0.5: for every
+    element, the block of the turned crop sampled from the source box through warp_matrix is
+    apply_numpy's block, and every output centre lands exactly on an input centre."""
+    size = 6
+    crop = np.random.default_rng(0).standard_normal((1, size, size, size)).astype(np.float32)
+    block = ((0, 3), (2, 6), (1, 6))  # neither cubic nor at the origin: a wrong shift shows
+    output = np.stack(np.meshgrid(*(np.arange(stop - start) for start, stop in block), indexing="ij"))
+    centres = output[::-1].reshape(3, -1) + 0.5  # (x, y, z) = (W, H, D)
+    for element in symmetry.ELEMENTS:
+        box = symmetry.source_box(element, block, size)
+        matrix = warp_matrix(element, size, block).astype(np.float64)
+        source = matrix[:, :3] @ centres + matrix[:, 3:]
+        assert np.array_equal(source - 0.5, np.floor(source))  # on a centre, no rounding involved
+        index = np.floor(source).astype(int)[::-1]  # back to D, H, W, inside the box
+        box_shape = np.array([stop - start for start, stop in box])[:, None]
+        assert (index >= 0).all() and (index < box_shape).all()
+        voxels = crop[(slice(None), *(slice(start, stop) for start, stop in box))]
+        warped = voxels[0][tuple(index)].reshape(output.shape[1:])
+        expected = symmetry.apply_numpy(crop, element)[(0, *(slice(start, stop) for start, stop in block))]
+        assert_bits_equal(warped, expected)
+    whole = ((0, size),) * 3
+    assert all(np.array_equal(warp_matrix(e, size), warp_matrix(e, size, whole)) for e in symmetry.ELEMENTS)
+
+
+@needs_dali
+@pytest.mark.parametrize("shape", [(2, 2, 1), (1, 2, 2)], ids=["mesh_2x2x1", "mesh_1x2x2"])
+def test_the_blocks_of_a_domain_group_make_up_the_undivided_sample(h5_with_npy, shape):
+    """Under --domain_mesh each rank's dali-lowmem loader yields its block of the same turned crops:
+    the window of the undivided batch, and the native lowmem loader's block, bit for bit, with
+    augmentation (training) and without (validation). Blocks are not cubic, so the box each sample
+    reads changes shape with the element's permutation."""
+    # Crop 16 so that validation crops vary too (the validation box has side 32); 48 samples so that
+    # many elements occur, reflections and permutations among them.
+    params = make_params(h5_with_npy, crop_size=16, Nsamples=48, global_batch_size=8, Nsamples_val=6)
+    native_params = make_params(h5_with_npy, data_loader_config="lowmem", num_data_workers=0, crop_size=16,
+                                Nsamples=48, global_batch_size=8, Nsamples_val=6)
+    whole = get_data_loaders(params, 0, 1)
+    elements = {whole[0].spec.draw(key)[1] for key in whole[0].keys(1)}
+    assert len(elements) >= 16 and any(not e.is_proper for e in elements)
+    for which in (0, 1):  # training (all 48 elements), then validation (no augmentation)
+        undivided = epoch_batches(whole[which], 1)
+        assert [len(x) for x, _ in undivided] == ([8] * 6 if which == 0 else [6])
+        for block in mesh_blocks(shape, 16):
+            # The boxes read take all three arrangements of the block's extents (16, 8, 8).
+            assert len({tuple(stop - start for start, stop in symmetry.source_box(e, block, 16))
+                        for e in elements}) == 3
+            ours = epoch_batches(get_data_loaders(params, 0, 1, block=block)[which], 1)
+            theirs = epoch_batches(native_loaders(native_params, 0, 1, pin_memory=False, block=block)[which], 1)
+            assert len(ours) == len(theirs) == len(undivided)
+            window = (slice(None), slice(None), *(slice(start, stop) for start, stop in block))
+            for (x, y), (x_native, y_native), (x_whole, y_whole) in zip(ours, theirs, undivided):
+                assert x.shape[2:] == tuple(stop - start for start, stop in block)
+                assert_bits_equal(x.numpy(), x_whole[window].numpy())
+                assert_bits_equal(y.numpy(), y_whole[window].numpy())
+                assert_bits_equal(x.numpy(), x_native.numpy())
+                assert_bits_equal(y.numpy(), y_native.numpy())
 
 
 @needs_dali

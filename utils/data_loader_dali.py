@@ -8,15 +8,16 @@ pipeline runs in DALI's CPU-only mode (what the tests use).
 
 The pipeline, per sample (input and target alike, with the SAME crop and element):
 
-1. ``fn.readers.numpy`` reads the window ``[corner, corner + S)`` of the (D, H, W, C) file: a
-   region-of-interest read, so only the crop's pages are touched, whatever the box size.
+1. ``fn.readers.numpy`` reads the window ``[corner, corner + S)`` of the (D, H, W, C) file (only
+   a box of it under domain parallelism, see below): a region-of-interest read, so only the crop's
+   pages are touched, whatever the box size.
 2. ``fn.reshape`` gives it the layout "DHWC"; the reader's output has none, and without it the
    geometric operators would take the wrong axes for D, H and W. Then the crop goes to the GPU,
    when there is one, and the rest runs there.
 3. ``fn.warp_affine`` with nearest-neighbour sampling moves the
    grid by the element's signed axis permutation, reflections included, in one pass. Its
-   matrix maps output voxel centres exactly onto input voxel centres (entries 0, +-1 and
-   multiples of 1/2), so the result equals ``symmetry.apply_numpy`` bit for bit. (The original
+   matrix maps output voxel centres exactly onto input voxel centres (entries 0 and +-1, shifts
+   whole numbers), so the result equals ``symmetry.apply_numpy`` bit for bit. (The original
    tutorial used ``fn.rotate`` and then ``fn.flip`` on the un-rotated volume, which discarded the
    rotation; ``fn.rotate`` plus ``fn.flip`` done right also works, but takes two passes and an
    axis-angle table for the 24 rotations.)
@@ -30,6 +31,16 @@ The pipeline, per sample (input and target alike, with the SAME crop and element
 5. ``fn.transpose`` puts the channels first: (C, D, H, W), the model's layout. With
    ``--channels_last`` it is left out: the batch is handed over as a (B, C, D, H, W) view of the
    channel-last buffer (channels_last_3d), the layout the model then trains in.
+
+Domain parallelism (``block``): each rank of a domain group trains on one block of every turned
+crop, ``(start, stop)`` per axis D, H, W, as the native loaders do. A rank reads only the box of
+the unturned crop that the sample's element turns into its block (:meth:`CropSpec.source_box`),
+and the warp maps the block's voxels onto that box (see :func:`warp_matrix`; its output ``size``
+is the block's, given in D, H, W order, whereas its matrix is in W, H, D). The box's shape is the block's permuted by the
+element, so for a non-cubic block it differs from sample to sample: the callback hands out each
+sample's region of interest, start and shape, as two columns. Without augmentation (validation)
+the box is the block itself and the read alone cuts it. Without a block every rank reads and turns
+the whole crop: the same pipeline, with the whole crop as the block.
 
 Which crop and element a sample gets comes from the native loader's own rule,
 :meth:`utils.data_loader.CropSpec.draw` on the keys of a
@@ -52,6 +63,7 @@ import os
 import numpy as np
 import torch
 
+from utils import symmetry
 from utils.convert_h5_to_npy import output_paths
 from utils.data_loader import TRAIN_SPLIT, VALID_SPLIT, CropSampler, CropSpec
 from utils.errors import UserError
@@ -121,17 +133,32 @@ def inspect_npy(params, split):
     return shapes[0]
 
 
-def warp_matrix(element, crop_size):
-    """``fn.warp_affine``'s 3 x 4 matrix for ``element`` on an S^3 crop.
+def whole_crop(crop_size):
+    """The block that is the whole crop: what a rank trains on without domain parallelism."""
+    return ((0, crop_size),) * 3
+
+
+def warp_matrix(element, crop_size, block=None):
+    """``fn.warp_affine``'s 3 x 4 matrix for ``element`` on an S^3 crop: it maps ``block`` of the
+    turned crop (the output; None: the whole crop) onto its source box of the unturned one (the input).
 
     warp_affine maps each output voxel's centre to the input point it samples, in its (x, y, z) =
-    (W, H, D) order, with voxel k's centre at k + 0.5: so the crop's centre is S/2 on every axis.
-    ``out(R x) = in(x)`` about that centre gives ``source = R^T (dest - S/2) + S/2``.
+    (W, H, D) order, with voxel k's centre at k + 0.5: so the crop's centre is c = S/2 on every axis.
+    ``out(R x) = in(x)`` about that centre gives ``X = R^T (Y - c) + c`` between crop coordinates.
+    The output and the input start at the block's start b and the box's start a (Y = y + b,
+    X = x + a), so ``x = R^T y + R^T (b - c) + c - a``. The shift comes out as 0 along an input axis
+    read forwards and as the block's extent along one read reversed: integers, and the linear part
+    is 0 and +-1, so every output centre lands exactly on an input centre.
     """
-    inverse = element.inverse().matrix[::-1, ::-1]  # R^T, with axes D, H, W reversed to W, H, D
+    block = block or whole_crop(crop_size)
+    box = symmetry.source_box(element, block, crop_size)
+    inverse = element.inverse().matrix  # R^T, axes D, H, W
     centre = np.full(3, crop_size / 2)
-    shift = centre - inverse @ centre
-    return np.ascontiguousarray(np.concatenate([inverse, shift[:, None]], axis=1), dtype=np.float32)
+    block_start, box_start = (np.array([start for start, _ in b], dtype=np.float64) for b in (block, box))
+    shift = inverse @ (block_start - centre) + centre - box_start
+    # Axes D, H, W reversed to warp_affine's W, H, D: rows and columns of R^T, entries of the shift.
+    matrix = np.concatenate([inverse[::-1, ::-1], shift[::-1, None]], axis=1)
+    return np.ascontiguousarray(matrix, dtype=np.float32)
 
 
 def channel_matrix(element, n_channels, vector_triplets):
@@ -145,7 +172,8 @@ def channel_matrix(element, n_channels, vector_triplets):
 
 
 class CropStream:
-    """The ``external_source`` callback: per batch, the crop corners and element matrices.
+    """The ``external_source`` callback: per batch, each sample's region of interest (start and
+    shape: the crop's corner plus the box its element needs) and element matrices.
 
     It starts at ``position = (epoch, offset)`` and walks on through the loader's batches and
     epochs (see :meth:`DaliCropLoader.next_position`), independently of the training loop, since
@@ -163,7 +191,10 @@ class CropStream:
         # The tail of a validation pass: padded to a full batch, the padding cut off by the loader.
         keys += keys[-1:] * (loader.batch_size - len(keys))
         corners, elements = zip(*(loader.spec.draw(key) for key in keys))
-        columns = [np.stack(corners).astype(np.int32)]
+        boxes = [loader.boxes[element] for element in elements]
+        starts = [[int(c) + start for c, (start, _) in zip(corner, box)] for corner, box in zip(corners, boxes)]
+        shapes = [[stop - start for start, stop in box] for box in boxes]
+        columns = [np.array(starts, dtype=np.int32), np.array(shapes, dtype=np.int32)]
         for table in loader.tables:
             columns.append(np.stack([table[element] for element in elements]))
         self.position = loader.next_position(epoch, offset)
@@ -175,8 +206,8 @@ class DaliCropLoader:
 
     ``paths`` are the input's and the target's .npy files; ``spec`` (the native loaders'
     :class:`CropSpec`) supplies the crop size, the group of elements, the channel counts and vector
-    triplets of input and target, and ``draw(key)``; ``sampler`` (a :class:`CropSampler`) this
-    rank's keys and ``set_epoch(epoch, start)``.
+    triplets of input and target, this rank's ``block`` of each crop and ``draw(key)``; ``sampler``
+    (a :class:`CropSampler`) this rank's keys and ``set_epoch(epoch, start)``.
     ``device_id`` is the CUDA device, None for DALI's CPU-only mode; ``channels_last`` hands the
     batches over stored channels-last.
     """
@@ -192,13 +223,16 @@ class DaliCropLoader:
         self.device_id = device_id
         self.num_threads = num_threads
         self.seed = seed
-        # Per-element arrays that the callback hands out after the corners, one column each: the
-        # warp matrix, then a channel matrix per output with vector channels. Without augmentation
-        # (the identity alone) there are none, and the pipeline has no geometric operators.
+        # The block this rank trains on, and per element the box of the unturned crop it reads.
+        self.block = spec.block or whole_crop(spec.crop_size)
+        self.boxes = {e: symmetry.source_box(e, self.block, spec.crop_size) for e in spec.elements}
+        # Per-element arrays that the callback hands out after the regions of interest, one column
+        # each: the warp matrix, then a channel matrix per output with vector channels. Without
+        # augmentation (the identity alone) there are none, and the pipeline has no geometric operators.
         self.tables = []
         self.vector_outputs = []
         if len(spec.elements) > 1:
-            self.tables.append({e: warp_matrix(e, spec.crop_size) for e in spec.elements})
+            self.tables.append({e: warp_matrix(e, spec.crop_size, spec.block) for e in spec.elements})
             for index, (n_channels, triplets) in enumerate(spec.channel_groups):
                 if triplets:
                     self.vector_outputs.append(index)
@@ -235,26 +269,27 @@ class DaliCropLoader:
     def build_pipeline(self, position):
         """A DALI pipeline whose first batch is the one at ``position``."""
         fn, types, Pipeline = import_dali()
-        size = self.spec.crop_size
+        # warp_affine's output size is in the layout's order, D, H, W (its matrix is in W, H, D).
+        block_shape = [stop - start for start, stop in self.block]
         # exec_dynamic: every batch's outputs are new buffers, alive while a tensor refers to them,
         # so the zero-copy torch tensors stay valid after the next run() (see run_pipeline).
         pipeline = Pipeline(batch_size=self.batch_size, num_threads=self.num_threads,
                             device_id=self.device_id, seed=self.seed, exec_dynamic=True)
         with pipeline:
-            columns = fn.external_source(source=CropStream(self, position), num_outputs=1 + len(self.tables),
+            columns = fn.external_source(source=CropStream(self, position), num_outputs=2 + len(self.tables),
                                          batch=True)
-            corners, extra = columns[0], list(columns[1:])
+            roi_start, roi_shape, extra = columns[0], columns[1], list(columns[2:])
             warp = extra.pop(0) if self.tables else None
             outputs = []
             for index, path in enumerate(self.paths):
                 volume = fn.readers.numpy(file_root=os.path.dirname(path), files=[os.path.basename(path)],
-                                          roi_start=corners, roi_shape=[size] * 3, roi_axes=[0, 1, 2],
+                                          roi_start=roi_start, roi_shape=roi_shape, roi_axes=[0, 1, 2],
                                           cache_header_information=True)
                 volume = fn.reshape(volume, layout="DHWC")
                 if self.device_id is not None:
                     volume = volume.gpu()
                 if warp is not None:
-                    volume = fn.warp_affine(volume, matrix=warp, interp_type=types.INTERP_NN)
+                    volume = fn.warp_affine(volume, matrix=warp, size=block_shape, interp_type=types.INTERP_NN)
                 if index in self.vector_outputs:
                     volume = fn.coord_transform(volume, M=extra.pop(0))
                 outputs.append(volume if self.channels_last else fn.transpose(volume, perm=[3, 0, 1, 2]))
@@ -308,8 +343,10 @@ def device_index(device):
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def get_data_loaders(params, world_rank, world_size, device=None):
-    """Training and validation loaders reading the .npy copies of ``train_path`` and ``val_path``."""
+def get_data_loaders(params, world_rank, world_size, device=None, block=None):
+    """Training and validation loaders reading the .npy copies of ``train_path`` and ``val_path``; of
+    this rank's ``block`` of each crop under domain parallelism (``world_rank`` and ``world_size`` then
+    count the data-parallel groups, whose ranks all draw the same samples)."""
     import_dali()  # a clear message before anything else when DALI is missing
     device_id = device_index(device)
     local_batch_size = params.global_batch_size // world_size
@@ -317,7 +354,8 @@ def get_data_loaders(params, world_rank, world_size, device=None):
     for num_samples, split in ((params.Nsamples, TRAIN_SPLIT), (params.Nsamples_val, VALID_SPLIT)):
         is_train = split == TRAIN_SPLIT
         paths = npy_paths(params, split)
-        spec = CropSpec.from_params(params, split, inspect_npy(params, split), augment=is_train, source=paths[0])
+        spec = CropSpec.from_params(params, split, inspect_npy(params, split), augment=is_train, source=paths[0],
+                                    block=block)
         sampler = CropSampler(num_samples, world_size, world_rank, fixed_epoch=None if is_train else 0)
         # The crops come from the callback; this seed is for DALI's own state, distinct per rank.
         seed = int(np.random.SeedSequence((params.seed, split, world_rank)).generate_state(1)[0])
