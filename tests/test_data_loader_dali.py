@@ -216,7 +216,7 @@ def test_the_blocks_of_a_domain_group_make_up_the_undivided_sample(h5_with_npy, 
             # The boxes read take all three arrangements of the block's extents (16, 8, 8).
             assert len({tuple(stop - start for start, stop in symmetry.source_box(e, block, 16))
                         for e in elements}) == 3
-            ours = epoch_batches(get_data_loaders(params, 0, 1, block=block)[which], 1)
+            ours = epoch_batches(get_data_loader_distributed(params, 0, None, block=block)[which], 1)
             theirs = epoch_batches(native_loaders(native_params, 0, 1, pin_memory=False, block=block)[which], 1)
             assert len(ours) == len(theirs) == len(undivided)
             window = (slice(None), slice(None), *(slice(start, stop) for start, stop in block))

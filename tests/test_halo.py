@@ -154,7 +154,6 @@ def test_a_malformed_mesh_is_refused(mesh):
     ({"noddp": True}, False, "--noddp"),
     ({"channels_last": True}, False, "--channels_last"),
     ({"jit_mode": "compile"}, False, "--jit_mode=compile"),
-    ({"data_loader_config": "dali-lowmem"}, False, "synthetic, inmem or lowmem"),
     ({}, True, "train_graph.py"),
 ])
 def test_combinations_that_cannot_work_are_refused(overrides, graph, match):

@@ -30,7 +30,7 @@ def get_data_loader_distributed(params, world_rank, device=None, world_size=1, b
     if kind == "dali-lowmem":
         from utils.data_loader_dali import get_data_loaders  # DALI itself is imported only in there
 
-        return get_data_loaders(params, world_rank, world_size, device)
+        return get_data_loaders(params, world_rank, world_size, device, block=block)
     raise ValueError(f"unknown data_loader_config {kind!r}")  # YParams.validate refuses it earlier
 
 

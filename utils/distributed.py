@@ -203,10 +203,6 @@ def check_domain_options(params, world, graph_capture):
         raise UserError(f"--domain_mesh={shape} cannot be combined with --jit_mode=compile: the halo exchange "
                         "(an autograd function around point-to-point messages) has not been made to compile, "
                         "nor tested compiled. Use --jit_mode=none or script.")
-    if params.data_loader_config not in ("synthetic", "inmem", "lowmem"):
-        raise UserError(f"--domain_mesh={shape} needs a loader that reads one block of the crop per rank: "
-                        f"synthetic, inmem or lowmem, not {params.data_loader_config}. Use "
-                        "--data_loader_config=lowmem (or inmem).")
 
 
 # PyTorch's CUDA-graph notes: DDP must run at least 11 eager iterations before a capture. DDP gathers
