@@ -284,6 +284,54 @@ def test_two_nodes_train_as_one_node_does(slurm, data_dir, tmp_path):
     assert "Traceback" not in output
 
 
+# Domain parallelism on the smallest crop that the test config's U-Net (five halvings) accepts split in two
+# along depth: 64^3, a 32 x 64 x 64 block per rank. Synthetic crops: the same numbers however they are split.
+DOMAIN_RUN = ["--config=test", "--device=cpu", "--data_loader_config=synthetic", "--crop_size=64"]
+ONE_RANK = ["-N", "1", "-n", "1", *TWO_NODES[3:]]
+
+
+def test_two_nodes_share_each_sample_as_one_process_trains_it(slurm, data_dir, tmp_path):
+    """--domain_mesh=[2,1,1] with rank 0 on node1 and rank 1 on node2: each sample's crop is split along
+    depth between the nodes, which exchange halos over their network at every convolution. Every scalar
+    and the weights are those of one undivided process (a one-rank job) with the same global batch of 4."""
+    two = Job(slurm, tmp_path / "two", TWO_NODES, [*DOMAIN_RUN, "--domain_mesh=[2,1,1]"], **data_dir)
+    one = Job(slurm, tmp_path / "one", ONE_RANK, DOMAIN_RUN, **data_dir)
+    for job in (two, one):
+        assert_completed(job, job.wait(timeout=240))
+    output = two.output()
+    assert ranks_on(output) == [("0", "0", "node1"), ("1", "0", "node2")]
+    assert "Domain parallel: mesh [2, 1, 1], 1 data-parallel group(s) of 2 ranks; rank 0 holds block [0, 0, 0]" \
+        in output, output[-6000:]
+    assert "Device: cpu; 2 rank(s); local batch 4;" in output  # the domain group draws the one process's samples
+    assert "Device: cpu; 1 rank(s); local batch 4;" in one.output() and "Domain parallel" not in one.output()
+    runs = (two.run_dir(), one.run_dir(ranks=1))
+    events = EventAccumulator(str(runs[1] / "logs"))
+    events.Reload()
+    tags = [tag for tag in events.Tags()["scalars"] if not tag.startswith("Memory/") and tag != "Avg iters per sec"]
+    assert {"Loss/train", "Loss/valid", "Learning Rate", "Metrics/corr_gas_density"} <= set(tags), tags
+    for tag in tags:
+        (steps, values), (same_steps, same_values) = (zip(*scalars(run_dir, tag)) for run_dir in runs)
+        assert steps == same_steps, tag
+        # Measured: the losses agree to 1.5e-7 (relative), the metrics to 1.8e-5 (absolute; correlations of
+        # random fields are near 0, where float32 rounding shows as absolute differences).
+        tolerance = {"abs": 1e-4} if tag.startswith("Metrics/") else {"rel": 1e-6}
+        assert values == pytest.approx(same_values, **tolerance), tag
+    assert scalars(runs[0], "Loss/valid")[-1][0] == 8  # two epochs of 16 samples in batches of 4
+    a, b = (torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=True) for run_dir in runs)
+    assert a["position"] == b["position"]
+    # The split sums each convolution's gradient in another order: after one step every layer's gradient
+    # agrees to 6e-6 of its largest element (measured). Adam moves a weight by about the learning rate
+    # (2e-3 at most here) whatever its gradient's size, and the gradients of random data are near 0, so that
+    # rounding flips some of its steps: after the 8 steps, 1.7% of the weights differ by more than 1e-5,
+    # the largest by 2.1e-4 (measured; the two-node run is bit for bit torchrun's [2,1,1] run on one
+    # machine). The losses of random data hardly move, so they alone would miss a wrong gradient: with the
+    # halos' gradients dropped (measured) they still agree to 3e-7, but 27% of the weights differ by more
+    # than 1e-5, the largest by 7.6e-3.
+    differences = torch.cat([(a["model"][name] - weight).abs().flatten() for name, weight in b["model"].items()])
+    assert differences.max() < 1e-3 and (differences > 1e-5).float().mean() < 0.05, float(differences.max())
+    assert "Traceback" not in output
+
+
 def test_two_nodes_stop_requeue_and_resume_to_the_same_result(slurm, data_dir, tmp_path):
     """The time-limit warning (what --signal=B:USR1@180 sends: SIGUSR1 to the batch shell), sent while
     both nodes train: checkpoint, requeue, and a resumed run on two nodes that ends as an uninterrupted one."""
