@@ -294,6 +294,8 @@ def test_two_nodes_share_each_sample_as_one_process_trains_it(slurm, data_dir, t
     """--domain_mesh=[2,1,1] with rank 0 on node1 and rank 1 on node2: each sample's crop is split along
     depth between the nodes, which exchange halos over their network at every convolution. Every scalar
     and the weights are those of one undivided process (a one-rank job) with the same global batch of 4."""
+    readme = Path(ROOT, "README.md").read_text()
+    assert f"sbatch {' '.join(TWO_NODES)} ./submit_pm.sh {' '.join(DOMAIN_RUN)} \"--domain_mesh=[2,1,1]\"" in readme
     two = Job(slurm, tmp_path / "two", TWO_NODES, [*DOMAIN_RUN, "--domain_mesh=[2,1,1]"], **data_dir)
     one = Job(slurm, tmp_path / "one", ONE_RANK, DOMAIN_RUN, **data_dir)
     for job in (two, one):
