@@ -229,6 +229,23 @@ def test_the_blocks_of_a_domain_group_make_up_the_undivided_sample(h5_with_npy, 
 
 
 @needs_dali
+@needs_cuda("DALI's GPU pipeline needs a CUDA device")
+def test_on_the_gpu_each_block_is_the_native_loaders(h5_with_npy):
+    """The blocks of a [1,2,2] mesh read and warped on the GPU: the native loader's blocks, bit for bit."""
+    changes = {"crop_size": 16, "Nsamples": 48, "global_batch_size": 8, "Nsamples_val": 6}
+    for block in mesh_blocks((1, 2, 2), 16):
+        dali = get_data_loader_distributed(make_params(h5_with_npy, **changes), 0, torch.device("cuda"), block=block)
+        native = get_data_loader_distributed(make_params(h5_with_npy, data_loader_config="inmem", **changes), 0,
+                                             None, block=block)
+        for which in (0, 1):
+            ours, theirs = epoch_batches(dali[which], 1), epoch_batches(native[which], 1)
+            assert len(ours) == len(theirs) and all(x.device.type == "cuda" for x, _ in ours)
+            for (a, b), (c, d) in zip(ours, theirs):
+                assert_bits_equal(a.cpu().numpy(), c.numpy())
+                assert_bits_equal(b.cpu().numpy(), d.numpy())
+
+
+@needs_dali
 def test_missing_npy_files_name_the_converter_command(data_files, tmp_path):
     h5_path = tmp_path / "alone.h5"
     shutil.copy(data_files["train"], h5_path)

@@ -260,24 +260,36 @@ MESH_BLOCKS = {"2x2x1": [((0, 16), (0, 16), (0, 32)), ((0, 16), (16, 32), (0, 32
                          ((0, 32), (16, 32), (0, 16)), ((0, 32), (16, 32), (16, 32))]}
 
 
+def assert_blocks_make_up_the_batch(params, device, blocks):
+    """Each block's loaders (training, validation) yield that window of the undivided loaders' batches, bit
+    for bit, stored as the undivided ones are."""
+    layout = torch.channels_last_3d if params.channels_last else torch.contiguous_format
+    whole = [epoch_batches(loader, 1) for loader in get_data_loader_distributed(params, 0, device)]
+    for block in blocks:
+        window = (slice(None), slice(None), *(slice(a, b) for a, b in block))
+        for loader, batches in zip(get_data_loader_distributed(params, 0, device, block=block), whole):
+            parts = epoch_batches(loader, 1)
+            assert len(parts) == len(batches)
+            for (x, y), (x_whole, y_whole) in zip(parts, batches):
+                assert x.shape[2:] == tuple(b - a for a, b in block) and x.is_contiguous(memory_format=layout)
+                assert_bits_equal(x.cpu().numpy(), x_whole[window].cpu().numpy())
+                assert_bits_equal(y.cpu().numpy(), y_whole[window].cpu().numpy())
+
+
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("mesh", MESH_BLOCKS)
 def test_the_blocks_of_a_domain_group_make_up_the_undivided_batch(data_files, mesh, channels_last):
     """Under --domain_mesh each rank gathers its block of the same turned crops, training (every element
     of the group) and validation, bit for bit the window of the undivided batch."""
     params = make_params(data_files, channels_last=channels_last, Nsamples=48)
-    whole = [epoch_batches(loader, 1) for loader in get_data_loader_distributed(params, 0, None)]
     drawn = get_data_loader_distributed(params, 0, None)[0].sampler
     drawn.set_epoch(1)
     assert len(set(drawn.draws()[1].tolist())) > 24  # reflections and permutations alike
-    for block in MESH_BLOCKS[mesh]:
-        window = (slice(None), slice(None), *(slice(a, b) for a, b in block))
-        for loader, batches in zip(get_data_loader_distributed(params, 0, None, block=block), whole):
-            parts = epoch_batches(loader, 1)
-            assert len(parts) == len(batches)
-            for (x, y), (x_whole, y_whole) in zip(parts, batches):
-                assert x.shape[2:] == tuple(b - a for a, b in block)
-                assert x.is_contiguous(memory_format=torch.channels_last_3d if channels_last else
-                                       torch.contiguous_format)
-                assert_bits_equal(x.numpy(), x_whole[window].numpy())
-                assert_bits_equal(y.numpy(), y_whole[window].numpy())
+    assert_blocks_make_up_the_batch(params, None, MESH_BLOCKS[mesh])
+
+
+@needs_cuda()
+def test_on_cuda_the_blocks_make_up_the_undivided_batch(data_files):
+    device = torch.device("cuda", torch.cuda.current_device())
+    for mesh in MESH_BLOCKS:
+        assert_blocks_make_up_the_batch(make_params(data_files, Nsamples=48), device, MESH_BLOCKS[mesh])
