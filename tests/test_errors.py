@@ -193,7 +193,9 @@ def test_under_torchrun_the_paragraph_is_printed_once_and_every_rank_exits_with_
     output = result.stdout + result.stderr
     assert output.count("error: crop_size=33 does not fit the U-Net") == 1, output[-5000:]
     assert result.returncode == 1  # torchrun's own status when a rank fails
-    # torchrun's report names each rank that failed, with the rank's status: 2 (closing the other with
-    # SIGTERM may come first, but rank 1 refuses before any handler is set, in far less than a second).
-    assert re.findall(r"exitcode  : (\S+)", output) in (["2", "2"], ["2"]), output[-5000:]
+    # torchrun's report names each rank that failed, with the rank's status: 2. Rank 1 refuses first (rank 0
+    # logs the configuration before it checks); torchrun may then end rank 0 with SIGTERM (-15) before it
+    # exits by itself, on a loaded machine, once it has printed the paragraph.
+    statuses = sorted(re.findall(r"exitcode  : (\S+)", output))
+    assert statuses in (["2", "2"], ["2"], ["-15", "2"]), output[-5000:]
     assert not os.path.exists(tmp_path / "runs")

@@ -116,7 +116,8 @@ def test_a_step_that_cannot_finish_inside_the_budget_is_not_started_and_the_stag
     process = suite(tmp_path, "preflight", STAGE_LIMIT="40")  # 25 s left after packing's reserve: < 50 s
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 1
-    assert "step preflight not run: 25 s left of the stage's budget, and it needs about 50 s" in output
+    # 25 s left, or 24 if the stage's start took over a second (a loaded machine)
+    assert re.search(r"step preflight not run: 2[45] s left of the stage's budget, and it needs about 50 s", output)
     [(name, log)] = packed(tmp_path, "preflight").items()
     assert "not run" in log and "failed stages: preflight" in output
 

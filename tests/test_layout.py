@@ -18,7 +18,7 @@ UTILS_IMPORTS = {
     "conv3d": {"flops"},  # the precision the convolutions run in
     "convert_h5_to_npy": {"errors", "files"},
     "data_loader": {"symmetry", "errors", "signals"},  # workers shielded from the job's stop signals
-    "data_loader_dali": {"convert_h5_to_npy", "data_loader", "errors"},  # reads what the converter writes
+    "data_loader_dali": {"convert_h5_to_npy", "data_loader", "errors", "symmetry"},  # reads what the converter writes
     "data_loader_gpu": {"symmetry", "data_loader", "errors"},  # the native loaders' crop specification
     "distributed": {"errors"},
     "halo": set(),  # receives the mesh from the caller
