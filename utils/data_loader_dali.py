@@ -36,11 +36,11 @@ Domain parallelism (``block``): each rank of a domain group trains on one block 
 crop, ``(start, stop)`` per axis D, H, W, as the native loaders do. A rank reads only the box of
 the unturned crop that the sample's element turns into its block (:meth:`CropSpec.source_box`),
 and the warp maps the block's voxels onto that box (see :func:`warp_matrix`; its output ``size``
-is the block's, given in D, H, W order, whereas its matrix is in W, H, D). The box's shape is the block's permuted by the
-element, so for a non-cubic block it differs from sample to sample: the callback hands out each
-sample's region of interest, start and shape, as two columns. Without augmentation (validation)
-the box is the block itself and the read alone cuts it. Without a block every rank reads and turns
-the whole crop: the same pipeline, with the whole crop as the block.
+is the block's, given in D, H, W order, whereas its matrix is in W, H, D). The box's shape is the
+block's permuted by the element, so for a non-cubic block it differs from sample to sample: the
+callback hands out each sample's region of interest, start and shape, as two columns. Without
+augmentation (validation) the box is the block itself and the read alone cuts it. Without a block
+every rank reads and turns the whole crop: the same pipeline, with the whole crop as the block.
 
 Which crop and element a sample gets comes from the native loader's own rule,
 :meth:`utils.data_loader.CropSpec.draw` on the keys of a
