@@ -112,6 +112,12 @@ class CropSampler(DistributedSampler):
         return super().__len__() - self.start
 
 
+def whole_crop(crop_size):
+    """The block that is the whole ``crop_size``^3 crop, ``(start, stop)`` per axis: what a rank reads
+    and trains on without domain parallelism."""
+    return ((0, crop_size),) * 3
+
+
 @dataclass(frozen=True)
 class CropSpec:
     """How every loader kind cuts and turns a sample; one per split, read by all three loader modules.
@@ -166,7 +172,7 @@ class CropSpec:
     def window(self, corner, box=None):
         """The index of the crop at ``corner`` (or of ``box``, ``(start, stop)`` per axis inside
         it) in a channel-first volume."""
-        box = box or ((0, self.crop_size),) * 3
+        box = box or whole_crop(self.crop_size)
         return (slice(None), *(slice(int(c) + start, int(c) + stop) for c, (start, stop) in zip(corner, box)))
 
     def source_box(self, element):

@@ -65,7 +65,7 @@ import torch
 
 from utils import symmetry
 from utils.convert_h5_to_npy import output_paths
-from utils.data_loader import TRAIN_SPLIT, VALID_SPLIT, CropSampler, CropSpec
+from utils.data_loader import TRAIN_SPLIT, VALID_SPLIT, CropSampler, CropSpec, whole_crop
 from utils.errors import UserError
 
 DALI_REQUIREMENTS = "requirements-dali.txt"
@@ -131,11 +131,6 @@ def inspect_npy(params, split):
         raise UserError(f"{paths[0]} and {paths[1]} cover different boxes (sides {shapes[0]} and "
                         f"{shapes[1]}). Make both again from one HDF5 file with `{command} --force`.")
     return shapes[0]
-
-
-def whole_crop(crop_size):
-    """The block that is the whole crop: what a rank trains on without domain parallelism."""
-    return ((0, crop_size),) * 3
 
 
 def warp_matrix(element, crop_size, block=None):

@@ -49,7 +49,8 @@ import numpy as np
 import torch
 
 from utils import symmetry
-from utils.data_loader import TRAIN_SPLIT, VALID_SPLIT, CropSpec, check_host_memory, inspect_volume
+from utils.data_loader import (TRAIN_SPLIT, VALID_SPLIT, CropSpec, check_host_memory, inspect_volume,
+                               whole_crop)
 from utils.errors import UserError
 
 SLAB_BYTES = 256 * 2**20  # upload the volume this many bytes at a time: bounds host memory
@@ -71,7 +72,7 @@ class CropAugment:
 
     def __init__(self, box_side, crop_size, channel_groups, device, elements=symmetry.ELEMENTS,
                  channels_last=False, block=None):
-        block = block or ((0, crop_size),) * 3
+        block = block or whole_crop(crop_size)
         self.shape = tuple(stop - start for start, stop in block)  # of each output sample
         self.channels_last = channels_last
         device = torch.device(device)
