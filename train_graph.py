@@ -35,6 +35,12 @@ def make_graph_step(model, optimizer, loss_fn, precision, params):
     if device.type != "cuda":
         raise UserError("train_graph.py captures the training step in a CUDA graph and needs a CUDA device "
                         f"(this run uses {device}). Use train.py on a CPU.")
+    if params.profiler == "torch":
+        # A graph captured before the profiler's first use and replayed while it records can lose its
+        # kernels or fail (torch.profiler._utils._init_for_cuda_graphs, whose workaround this is): the
+        # profiler is started once, empty, before the capture.
+        with torch.autograd.profiler.profile():
+            pass
     graph = torch.cuda.CUDAGraph()
     static = {}
     warmup_stream = torch.cuda.Stream()

@@ -14,29 +14,40 @@ refuses to write over such files already there (the same device, the same day) b
 anything: pass another ``--out_dir``, or ``--overwrite`` to replace them.
 
 The data set is the synthetic one (a 256^3 training box on a GPU), made first if it is missing.
+
+Each rung is measured in a process of its own (``python -m benchmarks.ladder --measure_rung ...``,
+its output in the log): a rung that ends in a sticky CUDA error (an illegal address, a device-side
+assert) or runs out of memory cannot take the rungs after it. ``--group`` measures a part of the
+ladder (``gpu``: the GPU-resident rungs; ``loaders``: DALI's and the host loaders'). Where the
+dispatcher says that a rung's 3-D convolutions leave cuDNN here (utils/conv3d.py: several times
+slower), the rung is measured with one trial of at most 5 batches and marked in the table; its
+MFU, like every rung's, is against the peak of the precision its convolutions run in (fp32 where
+this PyTorch and cuDNN turn TF32 off for them).
 """
+import argparse
 import datetime
 import functools
-import gc
 import importlib.util
 import json
 import logging
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 
 import torch
 
 import train
 from benchmarks.common import (ROOT, argument_parser, check_preset, claim_files, device_name, device_slug,
-                               make_data, next_free)
+                               make_data, next_free, outcome, run)
 from benchmarks.preflight import compile_problem
-from benchmarks.trials import run_trials
+from benchmarks.trials import BatchStream, run_trials
 from utils import get_data_loader_distributed
 from utils.YParams import load_params
 from utils.distributed import World, parallelize
+from utils.conv3d import AMP_DTYPES, conv_backends, known_issues, on_cudnn, running_precision
 from utils.errors import exit_on_user_error
-from utils.flops import precision_of, resolve_peak_flops, unet_flops_per_sample
+from utils.flops import resolve_peak_flops, unet_flops_per_sample
 from utils.losses import build_loss
 from utils.optim import Precision, build_optimizer
 
@@ -93,13 +104,19 @@ CPU_RUNGS = [
 ]
 
 
-def rungs_for(preset, dali=None):
-    """The preset's rungs in the order they are measured (DALI's when it is importable)."""
+def rungs_for(preset, dali=None, group="all"):
+    """The preset's rungs in the order they are measured (DALI's when it is importable); ``group``
+    ``gpu`` or ``loaders`` keeps those of the GPU-resident loader, or the others (on a CPU: the
+    gpu-inmem rung, or the host loaders')."""
     if preset == "cpu":
-        return CPU_RUNGS
-    if dali is None:
-        dali = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
-    return GPU_RUNGS + (DALI_RUNGS if dali else []) + HOST_LOADER_RUNGS
+        rungs = CPU_RUNGS
+    else:
+        if dali is None:
+            dali = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
+        rungs = GPU_RUNGS + (DALI_RUNGS if dali else []) + HOST_LOADER_RUNGS
+    if group == "all":
+        return rungs
+    return [rung for rung in rungs if ("--data_loader_config=gpu-inmem" in rung.options) == (group == "gpu")]
 
 
 PRESETS = {
@@ -115,6 +132,25 @@ def skip_reason(rung):
     return None
 
 
+def slow_convolutions(options, device):
+    """Why the rung's 3-D convolutions run several times slower here (None when they do not): the
+    dispatcher's choice for its precision and layout (microseconds, nothing computed), with the
+    known PyTorch/cuDNN pair behind it where there is one."""
+    amp_mode = next((option.split("=", 1)[1] for option in options if option.startswith("--amp_mode=")), "none")
+    if device.type != "cuda" or amp_mode not in AMP_DTYPES:
+        return None
+    layout = torch.channels_last_3d if "--channels_last" in options else torch.contiguous_format
+    if on_cudnn(conv_backends(device, AMP_DTYPES[amp_mode], layout)) is not False:
+        return None
+    issues = known_issues(torch.__version__, torch.backends.cudnn.version(), amp_mode)
+    return f"{amp_mode} 3-D convolutions leave cuDNN here" + (f" ({issues[0].source})" if issues else "")
+
+
+def trial_sizes(args, nbatches, slow):
+    """(nbatches, ntrials, nwarmup) of a rung: one short trial where its convolutions are slow."""
+    return (min(nbatches, 5), 1, min(args.nwarmup, 1)) if slow else (nbatches, args.ntrials, args.nwarmup)
+
+
 def warmup_calls(params, graph):
     """Step calls that must come before timing: train_graph.py's ``graph_warmup_steps`` eager steps,
     its capture and one replay; torch.compile's first (compiling) call; none otherwise."""
@@ -124,11 +160,12 @@ def warmup_calls(params, graph):
 
 
 def prime(step_fn, loader, move, calls):
-    """Train ``calls`` steps on the loader's first batch, and wait for them: what is left to time is
-    the steady state (benchy's warm-up trials then see replays, not a capture)."""
+    """Train ``calls`` steps on the first batch of ``loader`` (a :class:`BatchStream`), and wait for
+    them: what is left to time is the steady state (benchy's warm-up trials then see replays, not a
+    capture)."""
     if not calls:
         return
-    inputs, targets = (move(tensor) for tensor in next(iter(loader)))
+    inputs, targets = (move(tensor) for tensor in next(loader))
     for _ in range(calls):
         loss = step_fn(inputs, targets)
     float(loss)  # waits for the device: the capture and its replay are done
@@ -150,15 +187,43 @@ def measure_rung(options, script, args, nbatches):
     else:
         step_fn = train.default_step(model, optimizer, build_loss(params), precision, params)
     move = functools.partial(train.to_device, device=device, memory_format=train.memory_format(params))
+    batches = BatchStream(train_loader)  # one stream: the priming batch and the trials' never reset the loader
     # Compilation and capture happen before any trial, never inside a timed one.
-    prime(step_fn, train_loader, move, warmup_calls(params, graph))
-    peak, _ = resolve_peak_flops(device, precision_of(params.amp_mode, params.tf32))
+    prime(step_fn, batches, move, warmup_calls(params, graph))
+    precision = running_precision(params.amp_mode, params.tf32, device)
+    peak, _ = resolve_peak_flops(device, precision)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    return run_trials(lambda x, y: step_fn(move(x), move(y)), train_loader, device,
-                      nbatches=nbatches, ntrials=args.ntrials, nwarmup=args.nwarmup,
-                      batch_size=params.global_batch_size, flops_per_sample=unet_flops_per_sample(params),
-                      peak_flops=peak)
+    summary = run_trials(lambda x, y: step_fn(move(x), move(y)), batches, device,
+                         nbatches=nbatches, ntrials=args.ntrials, nwarmup=args.nwarmup,
+                         batch_size=params.global_batch_size, flops_per_sample=unet_flops_per_sample(params),
+                         peak_flops=peak)
+    return {**summary, "precision": precision}
+
+
+def measure_in_process(rung, common, args, sizes, log_path):
+    """:func:`measure_rung` in a process of its own, its output appended to ``log_path``: the summary,
+    or ``{"error": ...}`` when the process failed (a sticky CUDA error ends that process only)."""
+    nbatches, ntrials, nwarmup = sizes
+    with tempfile.TemporaryDirectory() as folder:
+        result = os.path.join(folder, "summary.json")
+        code = run([sys.executable, "-m", "benchmarks.ladder", "--measure_rung",
+                    json.dumps({"options": common + rung.options, "script": rung.script}), "--result", result,
+                    "--nbatches", str(nbatches), "--ntrials", str(ntrials), "--nwarmup", str(nwarmup)],
+                   log_path, args.rung_timeout, mode="a")
+        if code != 0 or not os.path.exists(result):
+            return {"error": f"its process failed ({outcome(code)}); see {os.path.basename(log_path)}"}
+        with open(result) as f:
+            return json.load(f)
+
+
+def measure_one(args):
+    """The child of :func:`measure_in_process`: one rung, its summary written to ``--result``."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(message)s", stream=sys.stdout)
+    spec = json.loads(args.measure_rung)
+    summary = measure_rung(spec["options"], spec["script"], args, args.nbatches)
+    with open(args.result, "w") as f:
+        json.dump(summary, f)
 
 
 def write_report(base, report):
@@ -183,7 +248,8 @@ def markdown_table(report):
             lines.append(f"| {run['name']} | {outcome} | | | | | |")
             continue
         mfu = run["mfu"] or {}
-        lines.append(f"| {run['name']} | {number(run['full'])} | {number(run['synthetic'])} | {number(run['io'])} "
+        name = f"{run['name']} (slow here: {run['slow']})" if run.get("slow") else run["name"]
+        lines.append(f"| {name} | {number(run['full'])} | {number(run['synthetic'])} | {number(run['io'])} "
                      f"| {number(mfu.get('synthetic'), 3)} | {number(mfu.get('full'), 3)} "
                      f"| {number(run['peak_mem_gb'], 2)} |")
     return "\n".join(lines) + "\n"
@@ -197,12 +263,19 @@ def main(argv=None):
     parser.add_argument("--ntrials", type=int, default=3)
     parser.add_argument("--nwarmup", type=int, default=1)
     parser.add_argument("--only", default="", help="run only rungs whose name contains this text")
+    parser.add_argument("--group", choices=["all", "gpu", "loaders"], default="all",
+                        help="gpu: the GPU-resident loader's rungs; loaders: DALI's and the host loaders'")
+    parser.add_argument("--rung_timeout", type=int, default=900, help="seconds per rung's process")
+    parser.add_argument("--measure_rung", help=argparse.SUPPRESS)  # a rung's process: JSON {options, script}
+    parser.add_argument("--result", help=argparse.SUPPRESS)        # where that process writes its summary
     args = parser.parse_args(argv)
+    if args.measure_rung:
+        return measure_one(args)
 
     preset = PRESETS[args.preset]
     device = torch.device("cuda" if args.preset == "gpu" else "cpu")
     check_preset(args.preset)
-    rungs = [rung for rung in rungs_for(args.preset) if args.only in rung.name]
+    rungs = [rung for rung in rungs_for(args.preset, group=args.group) if args.only in rung.name]
 
     name = device_name(device.type == "cuda")
     stamp = datetime.datetime.now(datetime.timezone.utc)
@@ -224,9 +297,6 @@ def main(argv=None):
               + " ".join(sys.argv[1:] if argv is None else argv), "runs": []}
     for rung in rungs:
         logging.info("=== %s: %s %s", rung.name, rung.script, " ".join(rung.options))
-        gc.collect()  # the last rung's model, optimiser and graph go now, not into this rung's peak memory
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
         entry = {"name": rung.name, "step": rung.step, "script": rung.script, "options": rung.options}
         skip = skip_reason(rung)
         if skip:  # one clear line, and the next rung: not a crash of the whole ladder
@@ -234,15 +304,19 @@ def main(argv=None):
             report["runs"].append({**entry, "error": f"skipped: {skip}"})
             write_report(base, report)
             continue
-        try:
-            nbatches = min(args.nbatches, rung.nbatches or args.nbatches)
-            summary = measure_rung(common + rung.options, rung.script, args, nbatches)
-        except Exception as error:  # one broken rung must not lose the others' numbers
-            logging.exception("rung %r failed", rung.name)
-            report["runs"].append({**entry, "error": str(error)[:200]})
+        slow = slow_convolutions(rung.options, device)
+        if slow:
+            entry["slow"] = f"{slow}: one trial of at most 5 batches"
+            logging.warning("rung %r: %s", rung.name, entry["slow"])
+        sizes = trial_sizes(args, min(args.nbatches, rung.nbatches or args.nbatches), slow)
+        summary = measure_in_process(rung, common, args, sizes, base + ".log")
+        if "error" in summary:  # one broken rung must not lose the others' numbers
+            logging.error("rung %r failed: %s", rung.name, summary["error"])
+            report["runs"].append({**entry, "error": summary["error"]})
             write_report(base, report)
             continue
-        run = {**entry, "nbatches": nbatches, "full": summary["full"], "synthetic": summary["synthetic"],
+        run = {**entry, "nbatches": sizes[0], "ntrials": sizes[1], "nwarmup": summary["nwarmup"],
+               "precision": summary["precision"], "full": summary["full"], "synthetic": summary["synthetic"],
                "io": summary["io"], "mfu": summary["mfu"], "peak_mem_gb": summary["peak_mem_gb"]}
         report["runs"].append(run)
         logging.info("%s", json.dumps(run))

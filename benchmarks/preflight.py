@@ -2,19 +2,25 @@
 
     python -m benchmarks.preflight                 # = benchmarks/gpu_suite.sh preflight
 
-It prints one line per check and writes them to ``benchmarks/results/preflight.json``, which the
-later stages of ``benchmarks/gpu_suite.sh`` read to decide what they run:
+It prints each check's line and rewrites ``benchmarks/results/preflight.json`` as each check
+finishes (a preflight stopped at its limit keeps what it found). The facts that decide what the
+later stages of ``benchmarks/gpu_suite.sh`` do are re-derived by those stages in seconds (the
+compiler, DALI, where the convolutions run), since a later command may find a bare machine;
+the nsys probe's answer travels when its preflight.json is carried (``--plan`` says how):
 
 - torch, CUDA and cuDNN versions, the GPU's name and free memory;
 - the runtime requirements (requirements.txt) importable, which train.py needs;
 - free space in ``/dev/shm`` (the host loaders' workers pass their batches through it);
 - a C compiler and ``Python.h``, which torch.compile needs (Triton and Inductor build small C
   wrappers): without them the compile rungs and tests are skipped with a line that says why;
-- a bf16 3-D convolution, forward and backward, on the GPU, with its time;
+- a bf16 3-D convolution, forward and backward, on the GPU, with its time, and where the 16-bit
+  3-D convolutions run (cuDNN or a several times slower fallback) and whether float32 ones run
+  as TF32 (the ladder gives a slow rung one short trial, and measures MFU against the peak of the
+  precision that runs);
 - a two-step torch-profiler trace that must hold CUDA kernel events (CUPTI records none on some
   sandboxed machines: then the profiles stage would show no device time);
 - ``nsys``: found or not, and whether it writes a report of a short CUDA program within
-  ``--nsys_timeout`` seconds (its process group is ended at the limit);
+  ``--nsys_timeout`` seconds, its importer included (its process group is ended at the limit);
 - NVIDIA DALI importable or not (the DALI rung and tests need its install command first).
 
 On a machine without a GPU it runs the CPU half (versions, /dev/shm, compiler, a CPU profiler
@@ -35,7 +41,7 @@ import torch
 
 from benchmarks.common import ROOT
 from utils.compiler import compile_problem
-from utils.conv3d import cudnn_text
+from utils.conv3d import AMP_DTYPES, conv_backends, cudnn_text, known_issues, on_cudnn, running_precision
 from utils.data_loader import shm_free_bytes
 
 def conv3d_check(device):
@@ -105,8 +111,23 @@ def dali_version():
         return None
 
 
-def run_checks(nsys_timeout=60, work_dir=None):
-    """Every check this machine can run, as a dict; ``skipped`` names the rest, with the reason."""
+def conv3d_findings(device):
+    """Where this PyTorch and cuDNN put the U-Net's 16-bit 3-D convolutions (the dispatcher's choice,
+    microseconds, nothing computed) and whether they turn TF32 off for them: the ladder and layers
+    rungs whose convolutions leave cuDNN run several times slower (utils/conv3d.py)."""
+    findings = {}
+    for precision, dtype in AMP_DTYPES.items():
+        backends = conv_backends(device, dtype)
+        findings[precision] = {"backends": list(backends), "on_cudnn": on_cudnn(backends),
+                               "known_issues": [issue.source for issue in known_issues(
+                                   torch.__version__, torch.backends.cudnn.version(), precision)]}
+    findings["tf32_runs_as"] = running_precision("none", True, device)
+    return findings
+
+
+def run_checks(nsys_timeout=45, work_dir=None, done=lambda facts, key: None):
+    """Every check this machine can run, as a dict; ``skipped`` names the rest, with the reason.
+    ``done(facts, key)`` is called as each check finishes (the preflight writes and prints it then)."""
     from benchmarks.profiles import find_nsys, probe_nsys
 
     cuda = torch.cuda.is_available()
@@ -114,22 +135,36 @@ def run_checks(nsys_timeout=60, work_dir=None):
     facts = {"torch": torch.__version__, "cuda": torch.version.cuda,
              "cudnn": torch.backends.cudnn.version() if cuda else None, "python": sys.version.split()[0],
              "gpu": torch.cuda.get_device_name(0) if cuda else None, "skipped": {}}
+    done(facts, "torch")
+
+    def check(key, value):
+        facts[key] = value
+        done(facts, key)
+
+    def skip(what, why):
+        facts["skipped"][what] = why
+        done(facts, "skipped")
+
     if cuda:
         free, total = torch.cuda.mem_get_info(0)
-        facts["gpu_memory_free_gb"], facts["gpu_memory_total_gb"] = round(free / 1e9, 1), round(total / 1e9, 1)
+        facts["gpu_memory_free_gb"] = round(free / 1e9, 1)
+        check("gpu_memory_total_gb", round(total / 1e9, 1))
     else:
-        facts["skipped"]["GPU name and free memory"] = "no CUDA GPU"
+        skip("GPU name and free memory", "no CUDA GPU")
     shm = shm_free_bytes()
-    facts["shm_free_gb"] = None if shm is None else round(shm / 1e9, 2)
-    facts["missing_requirements"] = missing_requirements()
-    facts["compile_problem"] = compile_problem()
+    check("shm_free_gb", None if shm is None else round(shm / 1e9, 2))
+    check("missing_requirements", missing_requirements())
+    check("compile_problem", compile_problem())
     if cuda:
-        facts["conv3d_bf16"] = conv3d_check(device)
+        check("conv3d_bf16", conv3d_check(device))
+        check("conv3d", conv3d_findings(device))
     else:
-        facts["skipped"]["a bf16 Conv3d forward and backward on the GPU"] = "no CUDA GPU"
-    facts["profiler"] = profiler_check(device)
+        skip("a bf16 Conv3d forward and backward on the GPU", "no CUDA GPU")
+        skip("where the 16-bit 3-D convolutions run (cuDNN or not)", "no CUDA GPU")
+    check("profiler", profiler_check(device))
     if not cuda:
-        facts["skipped"]["CUDA kernel events in the profiler trace"] = "no CUDA GPU; its CPU ops were checked"
+        skip("CUDA kernel events in the profiler trace", "no CUDA GPU; its CPU ops were checked")
+    check("dali", dali_version())
     nsys = find_nsys()
     facts["nsys"] = {"path": nsys}
     if nsys and cuda:
@@ -139,53 +174,82 @@ def run_checks(nsys_timeout=60, work_dir=None):
         facts["nsys"].update(report=usable is not None, why=why, seconds=round(time.perf_counter() - start, 1))
     elif nsys:
         facts["skipped"]["nsys report"] = "no CUDA GPU to profile"
-    facts["dali"] = dali_version()
+    done(facts, "nsys")
     return facts
+
+
+def line(facts, key):
+    """The line the preflight prints for the check ``key`` (None for a key without one)."""
+    if key == "torch":
+        return (f"torch {facts['torch']}, CUDA {facts['cuda']}, cuDNN {cudnn_text(facts['cudnn'])}, Python "
+                f"{facts['python']}")
+    if key == "gpu_memory_total_gb":
+        return f"GPU: {facts['gpu']}, {facts['gpu_memory_free_gb']} of {facts['gpu_memory_total_gb']} GB free"
+    if key == "shm_free_gb":
+        return (f"/dev/shm: {facts['shm_free_gb']} GB free" if facts["shm_free_gb"] is not None else
+                "/dev/shm: none (the host loaders' workers fall back to the file system)")
+    if key == "missing_requirements":
+        return ("requirements.txt: all importable" if not facts["missing_requirements"] else
+                f"requirements.txt: NOT importable: {', '.join(facts['missing_requirements'])} -- train.py and "
+                "every stage need them: carry their wheels (benchmarks/gpu_suite.sh --plan)")
+    if key == "compile_problem":
+        return ("torch.compile: " + ("can build (C compiler and Python.h found)" if not facts["compile_problem"]
+                                     else "NO: " + facts["compile_problem"]))
+    if key == "conv3d_bf16":
+        conv = facts["conv3d_bf16"]
+        return (f"bf16 Conv3d forward+backward (8 x 64 x 32^3 -> 128): {'ok' if conv['ok'] else 'NOT FINITE'}, "
+                f"{conv['ms']} ms")
+    if key == "conv3d":
+        found = facts["conv3d"]
+        parts = [f"{precision} on {'/'.join(found[precision]['backends'])}"
+                 + ("" if found[precision]["on_cudnn"] is not False else " -- OFF cuDNN: several times slower")
+                 for precision in AMP_DTYPES]
+        return ("3-D convolutions (conv/transposed): " + "; ".join(parts) + f"; float32 runs as "
+                f"{found['tf32_runs_as']}")
+    if key == "profiler":
+        profiler = facts["profiler"]
+        return (f"torch profiler, two steps: {profiler['kernels']} CUDA kernel events, {profiler['cpu_ops']} CPU ops"
+                + ("" if profiler["ok"] else " -- the profiler saw no kernels: the profiles stage will show no "
+                   "device time" if facts["gpu"] else " -- the profiler recorded nothing"))
+    if key == "dali":
+        return (f"DALI: {facts['dali']}" if facts["dali"] else
+                "DALI: not importable (the DALI rung and tests run in the command that installs it: "
+                "benchmarks/gpu_suite.sh --plan)")
+    if key == "nsys":
+        nsys = facts["nsys"]
+        if not nsys["path"]:
+            return "nsys: not found (the profiles stage runs without Nsight Systems)"
+        if "report" in nsys:
+            return (f"nsys: {nsys['path']}, " + ("writes reports" if nsys["report"] else f"no report: {nsys['why']}")
+                    + f" ({nsys['seconds']} s)")
+        return f"nsys: {nsys['path']} (its report was not tried)"
+    return None
+
+
+CHECKS = ("torch", "gpu_memory_total_gb", "shm_free_gb", "missing_requirements", "compile_problem", "conv3d_bf16",
+          "conv3d", "profiler", "dali", "nsys")
 
 
 def lines(facts):
     """The checks as the lines the preflight prints."""
-    out = [f"torch {facts['torch']}, CUDA {facts['cuda']}, cuDNN {cudnn_text(facts['cudnn'])}, Python {facts['python']}"]
-    if facts["gpu"]:
-        out.append(f"GPU: {facts['gpu']}, {facts['gpu_memory_free_gb']} of {facts['gpu_memory_total_gb']} GB free")
-    out.append(f"/dev/shm: {facts['shm_free_gb']} GB free" if facts["shm_free_gb"] is not None else
-               "/dev/shm: none (the host loaders' workers fall back to the file system)")
-    out.append("requirements.txt: all importable" if not facts["missing_requirements"] else
-               f"requirements.txt: NOT importable: {', '.join(facts['missing_requirements'])} -- train.py and every "
-               "stage need them: carry their wheels (benchmarks/gpu_suite.sh --plan)")
-    out.append(f"torch.compile: {'can build (C compiler and Python.h found)' if not facts['compile_problem'] else 'NO: ' + facts['compile_problem']}")
-    if "conv3d_bf16" in facts:
-        conv = facts["conv3d_bf16"]
-        out.append(f"bf16 Conv3d forward+backward (8 x 64 x 32^3 -> 128): {'ok' if conv['ok'] else 'NOT FINITE'}, "
-                   f"{conv['ms']} ms")
-    profiler = facts["profiler"]
-    out.append(f"torch profiler, two steps: {profiler['kernels']} CUDA kernel events, {profiler['cpu_ops']} CPU ops"
-               + ("" if profiler["ok"] else " -- the profiler saw no kernels: the profiles stage will show no "
-                  "device time" if facts["gpu"] else " -- the profiler recorded nothing"))
-    nsys = facts["nsys"]
-    if not nsys["path"]:
-        out.append("nsys: not found (the profiles stage runs without Nsight Systems)")
-    elif "report" in nsys:
-        out.append(f"nsys: {nsys['path']}, " + ("writes reports" if nsys["report"] else f"no report: {nsys['why']}")
-                   + f" ({nsys['seconds']} s)")
-    else:
-        out.append(f"nsys: {nsys['path']} (its report was not tried)")
-    out.append(f"DALI: {facts['dali']}" if facts["dali"] else
-               "DALI: not importable (install it first for the DALI rung and tests: benchmarks/gpu_suite.sh --plan)")
-    for what, why in facts["skipped"].items():
-        out.append(f"skipped: {what} ({why})")
-    return out + decisions(facts)
+    out = [line(facts, key) for key in CHECKS if key in facts]
+    return out + [f"skipped: {what} ({why})" for what, why in facts["skipped"].items()] + decisions(facts)
 
 
 def decisions(facts):
     """What the later stages of benchmarks/gpu_suite.sh do, given these facts."""
     compiles = facts["compile_problem"] is None
     nsys = facts["nsys"].get("report")
+    slow = [precision for precision, found in facts.get("conv3d", {}).items()
+            if isinstance(found, dict) and found["on_cudnn"] is False]
     return [f"so: tests-compile {'runs' if compiles else 'is skipped'}; the ladder's compile rung "
             f"{'runs' if compiles else 'is skipped, with the reason'}; profiles "
             f"{'with' if nsys else 'without'} Nsight Systems"
             + ("" if nsys is not None else " (its report was not tried here)")
-            + f"; the DALI rung and tests {'run' if facts['dali'] else 'skip unless DALI is installed first'}"
+            + f"; the DALI rung and tests {'run' if facts['dali'] else 'run only in the command that installs DALI'}"
+            + (f"; the {'/'.join(slow)} rungs get one short trial each, marked slow in the table" if slow else "")
+            + ("" if facts.get("conv3d", {}).get("tf32_runs_as") != "fp32" else
+               "; fp32 rungs' MFU is against the FP32 peak (TF32 is off for 3-D convolutions here)")
             + ("" if facts["profiler"]["ok"] else "; the profiles will show no device time")]
 
 
@@ -195,21 +259,40 @@ def passed(facts):
     return conv["ok"] and facts["profiler"]["ok"] and not facts["missing_requirements"]
 
 
+def write(path, facts):
+    """``facts`` to ``path`` whole, or not at all (a new file moved over the old)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(facts, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "preflight.json"))
-    parser.add_argument("--nsys_timeout", type=int, default=60, help="seconds for nsys to write a report")
+    parser.add_argument("--nsys_timeout", type=int, default=45,
+                        help="seconds for nsys to write a report, its importer included")
     args = parser.parse_args(argv)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     start = time.perf_counter()
-    facts = run_checks(args.nsys_timeout)
+    printed = set()
+
+    def done(facts, key):  # each check printed and written as it finishes: a preflight cut short keeps them
+        text = line(facts, key)
+        if text:
+            print("preflight:", text, flush=True)
+        for what, why in facts["skipped"].items():
+            if what not in printed:
+                printed.add(what)
+                print(f"preflight: skipped: {what} ({why})", flush=True)
+        write(args.out, facts)
+
+    facts = run_checks(args.nsys_timeout, done=done)
     facts["seconds"] = round(time.perf_counter() - start, 1)
     facts["passed"] = passed(facts)
-    for line in lines(facts):
-        print("preflight:", line, flush=True)
+    for text in decisions(facts):
+        print("preflight:", text, flush=True)
     print(f"preflight: {'passed' if facts['passed'] else 'FAILED'} in {facts['seconds']} s; {args.out}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(facts, f, indent=2)
+    write(args.out, facts)
     return 0 if facts["passed"] else 1
 
 

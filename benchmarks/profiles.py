@@ -32,6 +32,7 @@ import os
 import shlex
 import shutil
 import sys
+import time
 
 import torch
 
@@ -155,9 +156,11 @@ def find_nsys():
 
 
 def try_nsys(nsys, command, out_base, log_path, timeout):
-    """Profile ``command`` under Nsight Systems; returns ``{file}`` or ``{error}``, honestly."""
+    """Profile ``command`` under Nsight Systems; returns ``{file}`` or ``{error}``, honestly. All of it,
+    the importer of a .qdstrm capture included, ends within ``timeout`` seconds."""
     wrapped = [nsys, "profile", "--trace=cuda,cublas,nvtx", "-c", "cudaProfilerApi", "--kill", "none", "-f", "true",
                "-o", out_base, sys.executable, *command]
+    deadline = time.monotonic() + timeout
     code = run(wrapped, log_path, timeout)
     if os.path.exists(out_base + ".nsys-rep"):
         return {"file": os.path.basename(out_base + ".nsys-rep"), "nsys": nsys}
@@ -166,7 +169,10 @@ def try_nsys(nsys, command, out_base, log_path, timeout):
         importers = glob.glob(os.path.join(os.path.dirname(nsys), "QdstrmImporter*")) + \
             glob.glob(os.path.join(os.path.dirname(nsys), "..", "*", "QdstrmImporter*"))
         for importer in importers:
-            run([importer, "-i", qdstrm], log_path, timeout, mode="a")
+            if deadline - time.monotonic() < 1:
+                code = f"timed out after {timeout} s"
+                break
+            code = run([importer, "-i", qdstrm], log_path, max(1, int(deadline - time.monotonic())), mode="a")
             if os.path.exists(out_base + ".nsys-rep"):
                 os.remove(qdstrm)
                 return {"file": os.path.basename(out_base + ".nsys-rep"), "nsys": nsys, "importer": importer}
@@ -179,6 +185,9 @@ def try_nsys(nsys, command, out_base, log_path, timeout):
 
 NSYS_PROBE = ("import torch; torch.cuda.profiler.start(); x = torch.ones(1 << 20, device='cuda'); "
               "torch.cuda.synchronize(); torch.cuda.profiler.stop()")
+
+
+NSYS_PROBE_LIMIT = 45  # seconds for the probe, its importer included: a .qdstrm without a report must not cost more
 
 
 def probe_nsys(work_dir, timeout):
@@ -313,7 +322,7 @@ def main(argv=None):
 
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     command = "python -m benchmarks.profiles " + shlex.join(sys.argv[1:] if argv is None else argv)
-    nsys, nsys_error = probe_nsys(args.work_dir, min(args.timeout, 120)) if args.nsys else (None, None)
+    nsys, nsys_error = probe_nsys(args.work_dir, min(args.timeout, NSYS_PROBE_LIMIT)) if args.nsys else (None, None)
     if args.nsys:
         print(f"nsys: {nsys}" if nsys else f"nsys: not used ({nsys_error})", flush=True)
     entries = []

@@ -34,6 +34,26 @@ def losses(run_dir, tag):
     return [event.value for event in events.Scalars(tag)]
 
 
+# How cuDNN says that no engine of the kind asked for (here: deterministic) can run a convolution.
+NO_ENGINE = ("unable to find an engine", "Unable to find a valid cuDNN algorithm", "CUDNN_STATUS_NOT_SUPPORTED")
+
+
+def no_deterministic_engine(amp_mode, *outputs):
+    """The reason to skip when a 16-bit run failed for want of a deterministic cuDNN engine (some cuDNN
+    releases have none for 16-bit 3-D transposed convolutions), else None: any other failure fails."""
+    if amp_mode in ("bf16", "fp16") and any(text in output for output in outputs for text in NO_ENGINE):
+        return (f"no deterministic cuDNN engine for {amp_mode} 3-D (transposed) convolutions with this PyTorch "
+                "and cuDNN: the comparison needs --deterministic, so it cannot run here")
+    return None
+
+
+def test_a_missing_deterministic_engine_is_named_and_nothing_else_is_excused():
+    stderr = "RuntimeError: GET was unable to find an engine to execute this computation"
+    assert "no deterministic cuDNN engine for bf16" in no_deterministic_engine("bf16", "", stderr)
+    assert no_deterministic_engine("none", stderr) is None  # fp32 has deterministic engines: a real failure
+    assert no_deterministic_engine("fp16", "RuntimeError: CUDA error: an illegal memory access") is None
+
+
 @needs_cuda("CUDA graphs need a GPU")
 @pytest.mark.parametrize("amp_mode", ["none", "bf16", "fp16"])
 def test_graph_trajectory_matches_eager_on_a_gpu(data_files, tmp_path, amp_mode):
@@ -42,10 +62,13 @@ def test_graph_trajectory_matches_eager_on_a_gpu(data_files, tmp_path, amp_mode)
     common = ["--config=test", f"--train_path={data_files['train']}", f"--val_path={data_files['valid']}",
               f"--expdir={tmp_path}", "--Nsamples=64", "--num_epochs=3", "--graph_warmup_steps=3",
               "--enable_fused", f"--amp_mode={amp_mode}", "--device=cuda", "--tf32=false", "--deterministic"]
-    run_train([*common, "--run_num=eager"])
-    graph = subprocess.run([sys.executable, os.path.join(ROOT, "train_graph.py"), *common, "--run_num=graph"],
-                           cwd=ROOT, capture_output=True, text=True)
-    assert graph.returncode == 0, graph.stderr[-3000:]
+    for run in (lambda: run_train([*common, "--run_num=eager"], check=False),
+                lambda: subprocess.run([sys.executable, os.path.join(ROOT, "train_graph.py"), *common,
+                                        "--run_num=graph"], cwd=ROOT, capture_output=True, text=True)):
+        result = run()
+        if result.returncode != 0 and no_deterministic_engine(amp_mode, result.stdout, result.stderr):
+            pytest.skip(no_deterministic_engine(amp_mode, result.stdout, result.stderr))
+        assert result.returncode == 0, result.stderr[-3000:]
     base = tmp_path / "test" / "1GPU"
     compared = slice(None) if amp_mode == "none" else slice(0, 2)  # step 0 and the first epoch under AMP
     for tag in ("Loss/train", "Loss/valid"):

@@ -105,6 +105,16 @@ def conv_backends(device, dtype, memory_format=torch.contiguous_format):
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def running_precision(amp_mode, tf32, device):
+    """The arithmetic the 3-D convolutions really run in: :func:`~utils.flops.precision_of`'s, except
+    TF32 where this PyTorch and cuDNN turn it off for 3-D convolutions (:data:`KNOWN_ISSUES`): then
+    fp32, whose peak is the one an MFU must be measured against."""
+    precision = precision_of(amp_mode, tf32 and device.type == "cuda")  # TF32 exists on GPUs only
+    if precision == "tf32" and known_issues(torch.__version__, torch.backends.cudnn.version(), "tf32"):
+        return "fp32"
+    return precision
+
+
 def on_cudnn(backends):
     """Whether the dispatcher put both kinds of convolution on cuDNN (None: it did not say)."""
     if "unknown" in backends:
