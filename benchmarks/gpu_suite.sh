@@ -1,36 +1,47 @@
 #!/usr/bin/env bash
-# The tutorial's GPU measurements and checks, one stage per command, each inside its own budget:
+# The tutorial's GPU measurements and checks, one stage per command of a lent GPU machine, each inside
+# its own budget:
 #
 #   benchmarks/gpu_suite.sh --plan            the commands to send, in order, with budgets (no GPU needed)
+#   benchmarks/gpu_suite.sh --plan --gpus 4   the multi-GPU plan, for a machine with 4 GPUs
 #   benchmarks/gpu_suite.sh --help            this text
 #   benchmarks/gpu_suite.sh preflight         python -m benchmarks.preflight: what the later stages rely on
-#                                             (on a CPU its CPU half, naming what it skipped)
-#   benchmarks/gpu_suite.sh tests-gpu         the GPU-only tests (-m gpu) but torch.compile's
+#   benchmarks/gpu_suite.sh ladder            python -m benchmarks.ladder --group gpu: the GPU-resident rungs
+#   benchmarks/gpu_suite.sh profiles          python -m benchmarks.profiles (five rungs), benchmarks.layers and,
+#                                             where the tree has it, benchmarks.cudnn_autotune
+#   benchmarks/gpu_suite.sh tests-gpu         the GPU-only tests (-m gpu) but torch.compile's and DALI's
 #   benchmarks/gpu_suite.sh tests-compile     the GPU-only tests of torch.compile (CUDA graphs included)
-#   benchmarks/gpu_suite.sh tests-cpu         the fast CPU tests, under this machine's torch
-#   benchmarks/gpu_suite.sh ladder            python -m benchmarks.ladder: the single-GPU ladder, batch 64, crop 64
-#   benchmarks/gpu_suite.sh profiles          python -m benchmarks.profiles (five rungs) and benchmarks.layers
 #   benchmarks/gpu_suite.sh scaling           python -m benchmarks.scaling: weak scaling over this node's GPUs
+#   benchmarks/gpu_suite.sh dali              the ladder's DALI and host-loader rungs and DALI's GPU tests
+#   benchmarks/gpu_suite.sh multi-gpu         DDP, FSDP, domain [2,1,1] and the CUDA-graph step under DDP,
+#                                             over NCCL (two GPUs or more)
 #   benchmarks/gpu_suite.sh ladder profiles   several stages, one after the other
 #
 # Run it from the repository's top-level folder with the Python that has torch (PYTHON=..., default
-# python3; COMMIT=... names the commit in the logs where the copy has no .git). The preflight comes
-# first: its benchmarks/results/preflight.json decides what the later stages do (Nsight Systems only
-# where it wrote a report; the compile rungs and tests are skipped, with the reason, where no C
-# compiler or Python.h is found). Results land where the tutorial reads them: benchmarks/results/
-# (preflight, ladder, layers, scaling, test reports, this suite's logs) and sample_nsys_profiles/.
+# python3; COMMIT=... names the commit in the logs where the copy has no .git). Every stage stands on
+# its own: a later command of a lent machine may find a bare machine, so nothing is read that an
+# earlier command left there. What a stage decides it re-derives in seconds (the compiler, DALI,
+# where the 3-D convolutions run), but for Nsight Systems: the profiles stage uses it where the
+# preflight saw it write a report (this command's preflight.json, or .carry/preflight/preflight.json
+# carried along), probes it itself, capped, where neither says, and leaves it out where one says no.
+# Results land under RESULTS (default benchmarks/results/): preflight.json, the ladder's files,
+# profiles/, layers/, scaling/, loaders/ (the DALI stage's ladder), multi-gpu/, the test reports and
+# this suite's logs.
 #
 # Each stage has a budget (BUDGET below, at most STAGE_LIMIT, default 540 s: a lent machine's commands
-# end at 540-600 s). Its steps check the time left before they start (a step that cannot finish is
-# not started, and says so) and end at the budget. With OUT set (a folder), what the stage wrote is
-# packed into $OUT/gpu_suite_<stage>.tgz after every step, again whenever a running step writes a
-# result, and on SIGTERM or SIGINT: a stage cut short still returns what it finished. Archives over
-# 15 MiB are cut in parts (rejoin: cat gpu_suite_<stage>.tgz.part* > x.tgz). A stage that fails does
-# not stop the next one; the exit status says whether all passed.
+# end at 600 s). Its steps check the time left before they start (a step that cannot finish is not
+# started, and says so) and end at the budget. With OUT set (a folder), what the stage wrote is packed
+# into $OUT/gpu_suite_<stage>.tgz after every step, again whenever a running step writes a result, and
+# on SIGTERM or SIGINT: a stage cut short still returns what it finished. What comes back from a lent
+# machine is at most 8 files of 16 MiB, 64 MiB together: archives are cut in parts of 15 MiB (rejoin:
+# cat gpu_suite_<stage>.tgz.part* > x.tgz), and where all of this command's archives would pass 60 MiB
+# or 8 files, the largest files are left out, Nsight Systems reports first, each named in
+# gpu_suite-left-out.txt. A stage that fails does not stop the next one; the exit status says whether
+# all passed.
 #
-# The stages pass --overwrite (the tools alone refuse to write over results): the profiles stage
-# regenerates sample_nsys_profiles/; the ladder and scaling stages write <device>-<date> files that
-# only a rerun on the same GPU the same day finds, and such a rerun redoes that day's measurement.
+# Without a CUDA GPU the suite refuses, except with CPU_CHECK=1: then every stage runs its set-up and
+# its tools at tiny sizes on the CPU presets, the GPU-only steps skipped by their own checks (what
+# tests/test_gpu_plan.py does to prove each command of the plan on a bare machine).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,61 +49,111 @@ PYTHON=${PYTHON:-python3}
 RESULTS=${RESULTS:-benchmarks/results}  # where results go (tests point it elsewhere)
 DATA_DIR=data/benchmark
 PREFLIGHT=$RESULTS/preflight.json
+CARRIED_PREFLIGHT=.carry/preflight/preflight.json
 STAGE_LIMIT=${STAGE_LIMIT:-540}
-PACK_RESERVE=15  # seconds kept at the end of a budget to pack
+CPU_CHECK=${CPU_CHECK:-}
+PACK_RESERVE=15           # seconds kept at the end of a budget to pack
+OUT_FILES=8 OUT_MIB=60 PART_MIB=15  # what a lent machine returns: 8 files of 16 MiB, 64 MiB together
 export PYTHONUNBUFFERED=1
 
-# Seconds per stage: estimated costs plus start-up, priced by benchmarks/suite_plan.py (--plan shows
-# both); every one under the 540 s a lent machine's command may run.
-declare -A BUDGET=([preflight]=140 [tests-gpu]=480 [tests-compile]=300 [tests-cpu]=240 [ladder]=530
-                   [profiles]=390 [scaling]=180)
-STAGES="preflight tests-gpu tests-compile tests-cpu ladder profiles scaling"
+# Seconds per stage and per step: priced by benchmarks/suite_plan.py (--plan shows both; a test keeps
+# these equal to its figures).
+declare -A BUDGET=([preflight]=60 [ladder]=380 [profiles]=220 [tests-gpu]=280 [tests-compile]=170 [scaling]=110
+                   [dali]=270 [multi-gpu]=210)
+STAGES="preflight ladder profiles tests-gpu tests-compile scaling dali multi-gpu"
+
+# The tools' sizes: the GPU's, or, with CPU_CHECK=1, the CPU presets' at their smallest (the same code path).
+if [ -n "$CPU_CHECK" ]; then
+    PRESET=cpu
+    LADDER_SIZES=(--nbatches 2 --ntrials 1 --nwarmup 0)
+    PROFILE_ONLY=(--only gpu_inmem --steps 1) LAYERS_SIZES=(--repeats 1)
+    SCALING_SIZES=(--ranks 1 --nbatches 2 --ntrials 1 --nwarmup 0)
+    LOADER_ONLY=(--only "48 symmetries")
+else
+    PRESET=gpu
+    LADDER_SIZES=(--nbatches 6 --ntrials 2 --nwarmup 1)
+    PROFILE_ONLY=() LAYERS_SIZES=() SCALING_SIZES=() LOADER_ONLY=()
+fi
 
 note() { echo "gpu_suite.sh: $*"; }
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
-preflight_says() {
-    # A value of the preflight's facts (preflight.json): "true", "false", or "unknown" before it ran here.
-    "$PYTHON" - "$PREFLIGHT" "$1" <<'EOF' 2>/dev/null || echo unknown
+cuda_gpus() { "$PYTHON" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)'; }
+
+nsys_decided() {
+    # "true" or "false": whether the preflight saw nsys write a report (this command's, else the carried
+    # one); "unknown" where neither has tried.
+    "$PYTHON" - "$PREFLIGHT" "$CARRIED_PREFLIGHT" <<'EOF' 2>/dev/null || echo unknown
 import json, sys
-facts = json.load(open(sys.argv[1]))
-print({"nsys_report": lambda: facts["nsys"].get("report", False),
-       "compile": lambda: facts["compile_problem"] is None}[sys.argv[2]]() and "true" or "false")
+for path in sys.argv[1:]:
+    try:
+        nsys = json.load(open(path))["nsys"]
+    except (OSError, ValueError, KeyError):
+        continue
+    if not nsys.get("path"):
+        print("false"); break
+    if "report" in nsys:
+        print(str(nsys["report"]).lower()); break
+else:
+    print("unknown")
 EOF
 }
 
 # --------------------------------------------------------------------------- packing and steps
 
 stage_files() {
-    # What this stage wrote: the files under the result folders newer than its start.
-    find "$RESULTS" sample_nsys_profiles -type f -newer "$STAMP" 2>/dev/null
+    # What this stage wrote: the files under the result folder newer than its start.
+    find "$RESULTS" -type f -newer "$STAMP" ! -name '*.tmp' 2>/dev/null
+}
+
+out_usage() {
+    # "FILES BYTES" in $OUT that are not this stage's archive.
+    find "$OUT" -maxdepth 1 -type f ! -name "gpu_suite_$STAGE.tgz*" -printf '%s\n' 2>/dev/null |
+        awk '{n++; b+=$1} END {print n+0, b+0}'
 }
 
 pack() {
-    # $OUT/gpu_suite_<stage>.tgz, remade from scratch. At most 8 files of 16 MiB come back from a lent
-    # machine: past 8 parts of 15 MiB, the Nsight Systems reports (the largest files) are left out.
+    # $OUT/gpu_suite_<stage>.tgz, remade from scratch, inside what a lent machine returns.
     [ -n "${OUT:-}" ] || return 0
-    local archive="$OUT/gpu_suite_$STAGE.tgz" files
+    local archive="$OUT/gpu_suite_$STAGE.tgz" files others_n others_b room parts size left_out=()
     mapfile -t files < <(stage_files)
     [ ${#files[@]} -gt 0 ] || return 0
-    rm -f "$archive" "$archive".part*
-    tar czf "$archive.tmp" "${files[@]}" 2>/dev/null && mv "$archive.tmp" "$archive" || return 1
-    if [ "$(stat -c %s "$archive")" -gt $((8 * 15 * 1024 * 1024)) ]; then
-        mapfile -t files < <(printf '%s\n' "${files[@]}" | grep -v '\.nsys-rep$')
-        note "packed without the .nsys-rep reports: all together they pass 8 parts of 15 MiB"
-        tar czf "$archive" "${files[@]}" 2>/dev/null || return 1
-    fi
-    if [ "$(stat -c %s "$archive")" -gt $((15 * 1024 * 1024)) ]; then
-        split -b 15M -d "$archive" "$archive.part" && rm "$archive"
+    read -r others_n others_b < <(out_usage)
+    parts=$((OUT_FILES - others_n))
+    room=$((OUT_MIB * 1024 * 1024 - others_b))
+    [ $((parts * PART_MIB * 1024 * 1024)) -lt "$room" ] && room=$((parts * PART_MIB * 1024 * 1024))
+    rm -f "$archive" "$archive".part* "$RESULTS/gpu_suite-left-out.txt"
+    while :; do
+        tar czf "$archive.tmp" "${files[@]}" 2>/dev/null || { rm -f "$archive.tmp"; return 1; }
+        size=$(stat -c %s "$archive.tmp")
+        [ "$size" -le "$room" ] && break
+        if [ ${#files[@]} -le 1 ] && [ "${files[0]}" = "$RESULTS/gpu_suite-left-out.txt" ]; then
+            break  # nothing of the stage fits: the list of what was left out is what comes back
+        fi
+        # Too large: leave out the largest file, Nsight Systems reports first.
+        local drop
+        drop=$( { ls -S "${files[@]}" | grep '\.nsys-rep$'; ls -S "${files[@]}" | grep -v 'gpu_suite-left-out'; } |
+                head -n 1)
+        left_out+=("$drop ($(stat -c %s "$drop") bytes)")
+        mapfile -t files < <(printf '%s\n' "${files[@]}" | grep -vxF "$drop")
+        printf '%s\n' "left out of the archive (what a lent machine returns: $OUT_FILES files, 64 MiB):" \
+            "${left_out[@]}" > "$RESULTS/gpu_suite-left-out.txt"
+        files+=("$RESULTS/gpu_suite-left-out.txt")
+        mapfile -t files < <(printf '%s\n' "${files[@]}" | sort -u)
+    done
+    [ ${#left_out[@]} -gt 0 ] && note "left out of the archive, too large: ${left_out[*]}"
+    mv "$archive.tmp" "$archive"
+    if [ "$size" -gt $((PART_MIB * 1024 * 1024)) ]; then
+        split -b "${PART_MIB}M" -d "$archive" "$archive.part" && rm "$archive"
     fi
     touch "$PACKED"
 }
 
 repack_if_changed() {
     # While a step runs: pack again when it has written a result since the last pack.
-    [ -n "${OUT:-}" ] && [ -n "$(find "$RESULTS" sample_nsys_profiles -type f -newer "$PACKED" \
-        ! -name 'gpu_suite-*.log' 2>/dev/null | head -n 1)" ] && pack
+    [ -n "${OUT:-}" ] && [ -n "$(find "$RESULTS" -type f -newer "$PACKED" ! -name 'gpu_suite-*.log' \
+        ! -name '*.tmp' 2>/dev/null | head -n 1)" ] && pack
     return 0
 }
 
@@ -117,6 +178,7 @@ step() {
     local status=$?
     STEP_PID=
     [ "$status" -eq 124 ] && note "step $name stopped at the stage's budget"
+    note "step $name ended with status $status after $((SECONDS - START)) s of the stage"
     pack
     return $status
 }
@@ -133,45 +195,51 @@ on_signal() {
 PYTEST=(-m pytest -q -ra -p no:cacheprovider --durations=15)
 
 stage_preflight() {
-    step preflight 50 "$PYTHON" -m benchmarks.preflight --out "$PREFLIGHT" --nsys_timeout 60
-}
-
-stage_tests-gpu() {
-    # The GPU-only tests (marked gpu: CUDA graphs, no host syncs, DALI on the GPU, the profiling window
-    # and its kernels, a capturable resume) but torch.compile's. SIGINT at the limit: pytest stops and
-    # still prints its summary.
-    step tests-gpu 280 "$PYTHON" "${PYTEST[@]}" -m gpu -k "not compile" --junitxml="$RESULTS/gpu_suite-tests-gpu.xml"
-}
-
-stage_tests-compile() {
-    # torch.compile's GPU tests (reduce-overhead's CUDA graphs through training and validation).
-    if [ "$(preflight_says compile)" = false ]; then
-        note "tests-compile not run: the preflight found no C compiler or no Python.h (see $PREFLIGHT)"
-        return 1
-    fi
-    step tests-compile 160 "$PYTHON" "${PYTEST[@]}" -m gpu -k compile --junitxml="$RESULTS/gpu_suite-tests-compile.xml"
-}
-
-stage_tests-cpu() {
-    # The fast CPU tests under this machine's torch; the Slurm and browser modules have their own CI.
-    step tests-cpu 120 "$PYTHON" "${PYTEST[@]}" -m "not slow and not gpu" --ignore=tests/test_slurm.py \
-        --ignore=tests/test_notebook.py --junitxml="$RESULTS/gpu_suite-tests-cpu.xml"
+    step preflight 40 "$PYTHON" -m benchmarks.preflight --out "$PREFLIGHT" --nsys_timeout 30
 }
 
 stage_ladder() {
-    # The compile rung skips itself, with the reason, where the preflight's compiler check fails.
-    step ladder 470 "$PYTHON" -m benchmarks.ladder --data_dir "$DATA_DIR" --overwrite --nbatches 15 --ntrials 3 \
-        --nwarmup 1
+    # The GPU-resident loader's rungs, each in a process of its own; the compile rung skips itself, with
+    # the reason, where torch.compile cannot build; DALI's and the host loaders' are the dali stage's.
+    step ladder 330 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group gpu --data_dir "$DATA_DIR" \
+        --out_dir "$RESULTS" --overwrite "${LADDER_SIZES[@]}"
 }
 
 stage_profiles() {
-    local nsys=(--nsys)  # the profiles tool probes nsys itself when the preflight has not run here
-    [ "$(preflight_says nsys_report)" = false ] && nsys=() && note "profiles without nsys: the preflight saw no report"
-    local status=0
-    step profiles 200 "$PYTHON" -m benchmarks.profiles --data_dir "$DATA_DIR" "${nsys[@]}" --timeout 120 \
-        --overwrite || status=1
-    step layers 20 "$PYTHON" -m benchmarks.layers --overwrite || status=1
+    local nsys=(--nsys) status=0 decided
+    decided=$(nsys_decided)
+    case $decided in
+        false) nsys=(); note "profiles without nsys: the preflight saw it write no report" ;;
+        unknown) note "profiles: no preflight says whether nsys writes reports; the profiles tool probes it (at most 45 s)" ;;
+    esac
+    step profiles 120 "$PYTHON" -m benchmarks.profiles --preset "$PRESET" --data_dir "$DATA_DIR" "${nsys[@]}" \
+        --timeout 120 --out_dir "$RESULTS/profiles" --overwrite "${PROFILE_ONLY[@]}" || status=1
+    step layers 10 "$PYTHON" -m benchmarks.layers --preset "$PRESET" --out_dir "$RESULTS/layers" --overwrite \
+        "${LAYERS_SIZES[@]}" || status=1
+    # The first step's cost of cuDNN's autotuning, where this tree has the tool (its output is in this
+    # stage's log; with CPU_CHECK its --help: the GPU measures it).
+    local tune=()
+    [ -n "$CPU_CHECK" ] && tune=(--help)
+    if [ -f benchmarks/cudnn_autotune.py ]; then
+        step cudnn-autotune 60 "$PYTHON" -m benchmarks.cudnn_autotune "${tune[@]}" || status=1
+    else
+        note "step cudnn-autotune not run: benchmarks/cudnn_autotune.py is not in this tree"
+    fi
     return $status
+}
+
+stage_tests-gpu() {
+    # The GPU-only tests (marked gpu: CUDA graphs, no host syncs, the profiling window and its kernels, a
+    # capturable resume, device prefetch and gradient accumulation) but torch.compile's and DALI's.
+    # SIGINT at the limit: pytest stops and still prints its summary.
+    step tests-gpu 240 "$PYTHON" "${PYTEST[@]}" -m gpu -k "not compile and not dali" \
+        --junitxml="$RESULTS/gpu_suite-tests-gpu.xml"
+}
+
+stage_tests-compile() {
+    # torch.compile's GPU tests (reduce-overhead's CUDA graphs through training and validation); they skip
+    # themselves, with the reason, where torch.compile cannot build.
+    step tests-compile 140 "$PYTHON" "${PYTEST[@]}" -m gpu -k compile --junitxml="$RESULTS/gpu_suite-tests-compile.xml"
 }
 
 stage_scaling() {
@@ -179,7 +247,50 @@ stage_scaling() {
     # 2, 4, ... ranks up to its GPUs, with DDP and with --noddp. On one GPU train.py does not wrap the
     # model in DDP, so the two differ by run-to-run noise only: the baseline multi-GPU overheads are
     # read against.
-    step scaling 80 "$PYTHON" -m benchmarks.scaling --data_dir "$DATA_DIR" --timeout 120 --overwrite
+    step scaling 90 "$PYTHON" -m benchmarks.scaling --preset "$PRESET" --data_dir "$DATA_DIR" --timeout 120 \
+        --out_dir "$RESULTS/scaling" --overwrite "${SCALING_SIZES[@]}"
+}
+
+stage_dali() {
+    # Run in the command that installs DALI (its wheels gather on the machine over several commands):
+    # the ladder's DALI rung (where DALI imports) and the host loaders' rungs, then DALI's GPU tests.
+    local status=0
+    "$PYTHON" -c 'import nvidia.dali' 2>/dev/null || note "DALI does not import here: its rung and tests skip"
+    step loaders 200 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group loaders --data_dir "$DATA_DIR" \
+        --out_dir "$RESULTS/loaders" --overwrite "${LADDER_SIZES[@]}" "${LOADER_ONLY[@]}" || status=1
+    step tests-dali 30 "$PYTHON" "${PYTEST[@]}" -m gpu -k dali --junitxml="$RESULTS/gpu_suite-tests-dali.xml" \
+        || status=1
+    return $status
+}
+
+multi_gpu_run() {
+    # multi_gpu_run NAME SECONDS SCRIPT OPTIONS...: one torchrun of 2 ranks over NCCL, its log kept.
+    local name=$1 need=$2 script=$3
+    shift 3
+    local gpus
+    gpus=$(cuda_gpus)
+    if [ "$gpus" -lt 2 ]; then
+        note "step $name not run: it needs 2 CUDA GPUs over NCCL, and this machine has $gpus"
+        return 0
+    fi
+    step "$name" "$need" bash -c '"$@" > "'"$RESULTS/multi-gpu/$name.log"'" 2>&1' _ \
+        "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node=2 "$script" "$@" \
+        --train_path="$DATA_DIR/synthetic_train.h5" --val_path="$DATA_DIR/synthetic_valid.h5" --device=cuda \
+        --expdir="$RESULTS/multi-gpu/runs" --run_num="$name" --checkpoint=false
+}
+
+stage_multi-gpu() {
+    # What one GPU cannot cover (world size 1 makes no process group; NCCL refuses two ranks on one GPU):
+    # two-rank runs of DDP, FSDP, domain parallelism [2,1,1] (halo exchange over NCCL) and the CUDA-graph
+    # step under DDP. The weak-scaling points up to this node's GPUs are the scaling stage's.
+    local status=0
+    mkdir -p "$RESULTS/multi-gpu"
+    step data 20 "$PYTHON" -c "from benchmarks.common import make_data; make_data('$DATA_DIR', 256)" || return 1
+    multi_gpu_run ddp 40 train.py --config=test --Nsamples=64 || status=1
+    multi_gpu_run fsdp 40 train.py --config=test --Nsamples=64 --parallel=fsdp || status=1
+    multi_gpu_run domain 40 train.py --config=domain_demo || status=1
+    multi_gpu_run graph-ddp 40 train_graph.py --config=test --Nsamples=64 --graph_warmup_steps=3 --enable_fused || status=1
+    return $status
 }
 
 # --------------------------------------------------------------------------- the command line
@@ -192,11 +303,10 @@ case "${1:-}" in
 esac
 for stage in "$@"; do
     [[ " $STAGES " == *" $stage "* ]] || { echo "gpu_suite.sh: unknown stage '$stage' ($STAGES; or --plan, --help)" >&2; exit 2; }
-    if [ "$stage" != preflight ] && [ "$stage" != tests-cpu ] && \
-        ! "$PYTHON" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
+    if [ "$stage" != preflight ] && [ -z "$CPU_CHECK" ] && [ "$(cuda_gpus)" = 0 ]; then
         echo "gpu_suite.sh: error: PyTorch ($PYTHON) sees no CUDA GPU, and stage $stage measures one. On a CPU" \
              "run 'benchmarks/gpu_suite.sh preflight', 'python -m benchmarks.ladder --preset cpu' and" \
-             "'python -m benchmarks.profiles --preset cpu'." >&2
+             "'python -m benchmarks.profiles --preset cpu' (or CPU_CHECK=1 to check the stages' set-up)." >&2
         exit 2
     fi
 done
@@ -216,7 +326,7 @@ for STAGE in "$@"; do
     trap 'on_signal SIGINT 130' INT
     {
         echo "# benchmarks/gpu_suite.sh $STAGE, $(date -u +%FT%TZ), budget $budget s, commit" \
-             "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+             "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}${CPU_CHECK:+, CPU_CHECK=1}"
         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
     } > "$log"
     note "stage $STAGE started $(date -u +%FT%TZ), budget $budget s; log: $log" | tee -a "$log"

@@ -1,0 +1,179 @@
+"""Every command of `benchmarks/gpu_suite.sh --plan` runs on a bare machine.
+
+The commands run here, in the plan's order, as a lent GPU machine would run them: each in a fresh
+copy of the working tree (tracked and untracked-not-ignored files, and only the ignored folders the
+command carries), a fresh empty HOME (where it installs what it carries) and a fresh $OUT, with
+ruamel.yaml hidden from Python as the GPU machine lacks it, and ``python3`` this machine's Python.
+CPU_CHECK=1 makes every stage run its set-up and its tools at tiny sizes on the CPU presets, the
+GPU-only steps skipped by their own checks. Nothing is kept between commands but what the plan
+says travels: the carried folders (.carry/wheels, the preflight's answer that the plan copies into
+.carry/preflight after the first command, DALI's parts). The one thing that stays on the machine
+is DALI's parts, gathered over their commands: those share one HOME, and the last one's install
+is also run alone, on a bare machine, where it must say that DALI is missing and go on.
+
+DALI's parts here are cut from a small real wheel (the transport: parts, manifest, checksums,
+pip), not DALI's 250 MB; this machine's DALI (CPU mode) is what then imports.
+"""
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+
+import pytest
+
+from benchmarks import suite_plan
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+SITE_PACKAGES = str(importlib.metadata.distribution("ruamel.yaml").locate_file(""))
+# What the GPU machine lacks among what the stages import: hidden from this Python but where installed.
+HIDE = f'''
+import importlib.machinery, sys
+class _Lacking:
+    """The GPU machine has no ruamel.yaml: found only outside {SITE_PACKAGES!r} (where a command installs it)."""
+    def find_spec(self, name, path=None, target=None):
+        if path is not None or name not in ("ruamel", "_ruamel_yaml"):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, [p for p in sys.path if not p.startswith({SITE_PACKAGES!r})])
+        if spec is None:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return spec
+sys.meta_path.insert(0, _Lacking())
+'''
+
+
+def plan_commands():
+    """(what, command, carry) of each command the plan prints."""
+    result = subprocess.run([os.path.join(ROOT, "benchmarks", "gpu_suite.sh"), "--plan"], cwd=ROOT,
+                            env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return [(what, command, carry.split(", "))
+            for what, carry, command in re.findall(r"^ *\d+\. (.+?): budget \d+ s, about \d+ s; carry (.+?); "
+                                                    r"timeout_s \d+ \(fits\)\n    \$ (.+)$", result.stdout, flags=re.M)]
+
+
+def wheel_of(distribution, folder):
+    """A wheel of an installed pure-Python distribution, made from its installed files."""
+    dist = importlib.metadata.distribution(distribution)
+    path = folder / f"{dist.metadata['Name'].replace('.', '_')}-{dist.version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for file in dist.files:
+            if "__pycache__" not in str(file) and dist.locate_file(file).is_file():
+                wheel.write(dist.locate_file(file), str(file))
+    return path
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory):
+    """What travels: a checkout's carried folders (small wheels, DALI's parts), and a way to run a command
+    of the plan in a fresh tree."""
+    base = tmp_path_factory.mktemp("bare")
+    carried = base / "checkout"  # the ignored folders of the developer's checkout
+    (carried / ".carry" / "wheels").mkdir(parents=True)
+    wheel = wheel_of("ruamel.yaml", carried / ".carry" / "wheels")
+    # DALI's parts as ../shared/gpu/pack-wheels.sh cuts them: a tar of wheels, split, the manifest in the last.
+    staging = base / "dali"
+    staging.mkdir()
+    shutil.copy(wheel, staging)
+    subprocess.run(f"sha256sum ./*.whl > manifest && tar cf all.tar ./*.whl && split -n {suite_plan.DALI_PARTS} "
+                   "-d -a 2 all.tar part.", shell=True, cwd=staging, check=True)
+    for k, part in enumerate(sorted(staging.glob("part.*")), start=1):
+        (carried / ".carry" / str(k)).mkdir()
+        shutil.copy(part, carried / ".carry" / str(k))
+    shutil.copy(staging / "manifest", carried / ".carry" / str(suite_plan.DALI_PARTS))
+    bin_dir, hide_dir = base / "bin", base / "hide"
+    bin_dir.mkdir()
+    hide_dir.mkdir()
+    (bin_dir / "python3").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")  # a link would lose the venv
+    (bin_dir / "python3").chmod(0o755)
+    (hide_dir / "sitecustomize.py").write_text(HIDE)
+    tracked = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split("\0")
+    runs = []
+
+    def run(command, carry, home=None):
+        """Run ``command`` in a fresh tree with ``carry`` copied in; (status, output, files under $OUT)."""
+        number = len(runs) + 1
+        tree, out = base / f"tree{number}", base / f"out{number}"
+        home = home or base / f"home{number}"
+        out.mkdir()
+        home.mkdir(exist_ok=True)
+        for name in filter(None, tracked):
+            if os.path.isfile(os.path.join(ROOT, name)):
+                os.makedirs(tree / os.path.dirname(name), exist_ok=True)
+                shutil.copy2(os.path.join(ROOT, name), tree / name)
+        for folder in carry:
+            if (carried / folder).exists():
+                shutil.copytree(carried / folder, tree / folder)
+        env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home), "OUT": str(out), "CPU_CHECK": "1",
+               "COMMIT": "test", "PYTHONPATH": str(hide_dir), "LANG": "C.UTF-8", "CUDA_VISIBLE_DEVICES": ""}
+        result = subprocess.run(["bash", "-c", command], cwd=tree, env=env, capture_output=True, text=True,
+                                timeout=900)
+        runs.append(number)
+        return result.returncode, result.stdout + result.stderr, {path.name: path for path in out.iterdir()}
+
+    return carried, run
+
+
+def archive_text(path):
+    with tarfile.open(path) as archive:
+        return {os.path.basename(name): archive.extractfile(name).read().decode(errors="replace")
+                for name in archive.getnames()}
+
+
+def test_every_command_of_the_plan_runs_on_a_bare_machine(machine):
+    carried, run = machine
+    commands = plan_commands()
+    assert [what for what, _, _ in commands][:4] == ["stage preflight", "stage ladder", "stage profiles",
+                                                     "stage tests-gpu and tests-compile"]
+    dali_home = None
+    for number, (what, command, carry) in enumerate(commands, start=1):
+        gathers = what.startswith("DALI")
+        if gathers and dali_home is None:
+            dali_home = carried.parent / "dali-home"  # the parts gather on one machine: the plan's one exception
+        status, output, files = run(command, carry, home=dali_home if gathers else None)
+        assert status == 0, f"command {number} ({what}) failed:\n{output[-4000:]}"
+        stages = re.search(r"gpu_suite\.sh (.+)$", command)
+        for stage in stages.group(1).split() if stages else []:
+            texts = archive_text(files[f"gpu_suite_{stage}.tgz"])
+            [log] = [text for name, text in texts.items() if name.startswith(f"gpu_suite-{stage}-")]
+            assert f"stage {stage} ended with status 0" in log and "CPU_CHECK=1" in log, log[-3000:]
+            if stage == "preflight":
+                facts = json.loads(texts["preflight.json"])
+                assert facts["passed"] and facts["missing_requirements"] == []  # ruamel.yaml came from the carry
+                # The plan's step after command 1: its preflight.json travels with the commands after it.
+                (carried / ".carry" / "preflight").mkdir()
+                (carried / ".carry" / "preflight" / "preflight.json").write_text(texts["preflight.json"])
+            if stage in ("ladder", "dali"):
+                [report] = [json.loads(text) for name, text in texts.items()
+                            if name.endswith(".json") and name.startswith("cpu-")]
+                assert report["runs"] and all("error" not in entry and entry["full"] > 0 for entry in report["runs"])
+            if stage == "profiles":
+                assert "profiles.json" in texts and "profiles without nsys" in log  # the carried answer: none here
+            if stage.startswith("tests") or stage == "dali":
+                assert re.search(r"\d+ skipped", log) and " failed" not in log  # the GPU tests' own checks
+        if what.endswith("the dali stage"):
+            assert "DALI not installed" not in output
+
+
+def test_without_the_install_a_later_command_fails_at_its_imports(machine):
+    """The harness is honest: a command that relies on what an earlier command installed (the old plan
+    installed ruamel.yaml in its first command only) fails on a bare machine."""
+    _, run = machine
+    [(_, command, carry)] = [entry for entry in plan_commands() if entry[0] == "stage ladder"]
+    assert command.startswith(suite_plan.INSTALL + " && ")
+    status, output, files = run(command[len(suite_plan.INSTALL + " && "):], carry)
+    assert status != 0 and "No module named 'ruamel'" in output
+
+
+def test_the_last_dali_command_on_a_new_machine_says_what_is_missing_and_goes_on(machine):
+    _, run = machine
+    [(_, command, carry)] = [entry for entry in plan_commands() if entry[0].endswith("the dali stage")]
+    status, output, _ = run(command.replace("benchmarks/gpu_suite.sh dali", "echo dali stage runs"), carry)
+    assert status == 0 and "DALI not installed: a part is missing" in output and "dali stage runs" in output
