@@ -276,7 +276,8 @@ def main(argv=None):
     start = time.perf_counter()
     printed = set()
 
-    def done(facts, key):  # each check printed and written as it finishes: a preflight cut short keeps them
+    def done(facts, key):  # each check written and printed as it finishes: a preflight cut short keeps them
+        write(args.out, facts)
         text = line(facts, key)
         if text:
             print("preflight:", text, flush=True)
@@ -284,7 +285,6 @@ def main(argv=None):
             if what not in printed:
                 printed.add(what)
                 print(f"preflight: skipped: {what} ({why})", flush=True)
-        write(args.out, facts)
 
     facts = run_checks(args.nsys_timeout, done=done)
     facts["seconds"] = round(time.perf_counter() - start, 1)

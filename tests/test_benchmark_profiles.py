@@ -101,3 +101,22 @@ def test_nsys_is_probed_once_before_the_rungs(tmp_path, monkeypatch, kind, works
         assert nsys == str(fake) and why is None
     else:
         assert nsys is None and "made no report" in why and ".qdstrm capture but no .nsys-rep" in why
+
+
+def test_nsys_and_its_importer_together_end_within_the_limit(tmp_path):
+    """An nsys that writes only a .qdstrm capture and an importer that hangs (as seen on a lent GPU machine):
+    the try ends at its limit, the importer's time included, and says it made no report. Both are stand-ins
+    (this machine has no nsys), scripts that behave as the ones seen did."""
+    import time
+
+    nsys = tmp_path / "nsys"
+    nsys.write_text('#!/bin/sh\nwhile [ "$1" != "-o" ]; do shift; done\ntouch "$2.qdstrm"; sleep 5\n')
+    importer = tmp_path / "QdstrmImporter"
+    importer.write_text("#!/bin/sh\nsleep 60\n")
+    for script in (nsys, importer):
+        script.chmod(0o755)
+    started = time.monotonic()
+    result = profiles.try_nsys(str(nsys), ["-c", "pass"], str(tmp_path / "probe"), str(tmp_path / "log"), timeout=7)
+    assert time.monotonic() - started < 10  # 7 s and the ends of the processes: not 5 s of nsys + 7 of the importer
+    assert "wrote a .qdstrm capture but no .nsys-rep report (QdstrmImporter failed)" in result["error"]
+    assert "timed out" in result["error"]

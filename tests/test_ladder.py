@@ -85,3 +85,73 @@ def test_a_graph_rung_captures_before_the_first_timed_trial(tmp_path, synthetic_
                "--data_loader_config=gpu-inmem", "--graph_warmup_steps=5", "--checkpoint=false"]
     ladder.measure_rung(options, "train_graph.py", argparse.Namespace(ntrials=3, nwarmup=1), nbatches=3)
     assert events == ["eager"] * 5 + ["capture", "replay", "trials start"]
+
+
+class Counted(torch.utils.data.Dataset):
+    """Samples counted as the workers make them (a shared counter), whether or not anyone reads them."""
+
+    def __init__(self, counter, size=4096):
+        self.counter, self.size = counter, size
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, index):
+        with self.counter.get_lock():
+            self.counter.value += 1
+        return torch.zeros(2), torch.zeros(1)
+
+
+class CountedLoader(torch.utils.data.DataLoader):
+    iters = 0
+
+    def __iter__(self):
+        CountedLoader.iters += 1
+        return super().__iter__()
+
+
+def test_the_trials_read_one_stream_of_a_persistent_loader_and_warm_up_past_its_batches_in_flight():
+    """A DataLoader with persistent workers is never reset between trials (a reset drains every batch in
+    flight, made and thrown away), and each kind's warm-up covers twice the batches in flight."""
+    import multiprocessing
+
+    from benchmarks.trials import BatchStream, run_trials
+
+    counter = multiprocessing.get_context("fork").Value("i", 0)
+    loader = CountedLoader(Counted(counter), batch_size=4, num_workers=2, prefetch_factor=2, persistent_workers=True,
+                           multiprocessing_context="fork")
+    stream = BatchStream(loader)
+    steps = []
+    summary = run_trials(lambda x, y: steps.append(1), stream, "cpu", nbatches=2, ntrials=3, nwarmup=1)
+    assert summary["nwarmup"] == 4  # 2 workers x 2 batches in flight, twice over, in trials of 2 batches
+    trials = summary["nwarmup"] + 3
+    # IO and FULL read 2 batches a trial, SYNTHETIC one (and steps 1 + 2 times on it)
+    read = trials * (2 + 1 + 2)
+    assert CountedLoader.iters == 1 and len(steps) == trials * (3 + 2)
+    assert read * 4 <= counter.value <= (read + 2 * 2) * 4  # made: what was read, and at most the batches in flight
+
+
+def test_a_rung_whose_process_fails_does_not_take_the_next(tmp_path, synthetic_data_dir, monkeypatch):
+    """One process per rung: a rung that ends its process (here an option train.py refuses; on a GPU a sticky
+    CUDA error) is reported, and the next rung is measured."""
+    monkeypatch.setattr(ladder, "CPU_RUNGS", [ladder.Rung("broken", ["--data_loader_config=gpu-inmem",
+                                                                     "--num_epochs=many"], step=1),
+                                              ladder.Rung("whole", ["--data_loader_config=gpu-inmem"], step=2)])
+    ladder.main(["--preset", "cpu", "--nbatches", "2", "--ntrials", "1", "--nwarmup", "0",
+                 "--data_dir", str(synthetic_data_dir), "--out_dir", str(tmp_path)])
+    [report] = [json.loads(path.read_text()) for path in tmp_path.glob("*.json")]
+    broken, whole = report["runs"]
+    assert broken["error"].startswith("its process failed (exit status") and "full" not in broken
+    assert "error" not in whole and whole["full"] > 0 and whole["precision"] == "fp32"
+    assert "num_epochs" in (tmp_path / next(tmp_path.glob("*.log")).name).read_text()  # its process's output
+
+
+def test_a_rung_whose_convolutions_leave_cudnn_gets_one_short_trial_and_is_marked():
+    args = argparse.Namespace(ntrials=3, nwarmup=1)
+    assert ladder.trial_sizes(args, 15, None) == (15, 3, 1)
+    assert ladder.trial_sizes(args, 15, "bf16 3-D convolutions leave cuDNN here") == (5, 1, 1)
+    assert ladder.slow_convolutions(["--amp_mode=bf16"], torch.device("cpu")) is None  # a CPU has no cuDNN
+    report = {"command": "x", "device": "d", "torch": "t", "cuda": "c", "date": "now", "runs": [
+        {"name": "gpu-inmem + AMP bf16", "step": 4, "slow": "bf16 3-D convolutions leave cuDNN here: one trial",
+         "full": 1.0, "synthetic": 1.0, "io": 1.0, "mfu": None, "peak_mem_gb": None}]}
+    assert "| gpu-inmem + AMP bf16 (slow here: bf16 3-D convolutions leave cuDNN here" in ladder.markdown_table(report)

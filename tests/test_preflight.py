@@ -79,3 +79,41 @@ def test_a_runtime_requirement_that_does_not_import_is_named(tmp_path):
                             "ruamel.no_such_module\n")
     assert preflight.missing_requirements(str(requirements)) == ["no_such_package_here", "ruamel.no_such_module"]
     assert preflight.missing_requirements() == []  # this machine has requirements.txt's packages
+
+
+def test_each_check_is_written_as_it_finishes(tmp_path):
+    """A preflight stopped at its step's limit keeps what it found: preflight.json holds each check by the time
+    its line is printed, long before the end (nsys's probe, the slowest check, comes last)."""
+    out = tmp_path / "preflight.json"
+    process = subprocess.Popen([sys.executable, "-m", "benchmarks.preflight", "--out", str(out)], cwd=ROOT,
+                               stdout=subprocess.PIPE, text=True)
+    seen = {}
+    for text in process.stdout:
+        for prefix, key in (("preflight: /dev/shm", "shm_free_gb"), ("preflight: torch.compile", "compile_problem"),
+                            ("preflight: torch profiler", "profiler")):
+            if text.startswith(prefix):
+                seen[key] = json.loads(out.read_text())  # read at once, while the preflight goes on
+    assert process.wait(timeout=120) == 0
+    assert "shm_free_gb" in seen["shm_free_gb"] and "profiler" not in seen["shm_free_gb"]
+    assert "compile_problem" in seen["compile_problem"] and "passed" not in seen["compile_problem"]
+    assert "profiler" in seen["profiler"] and "dali" not in seen["profiler"]
+    assert json.loads(out.read_text())["passed"]
+
+
+def test_the_16_bit_convolutions_findings_and_the_precision_that_runs(monkeypatch):
+    """MFU is measured against the peak of the precision the 3-D convolutions run in: fp32 where this PyTorch
+    and cuDNN turn TF32 off for them (utils/conv3d.py's table), TF32 elsewhere."""
+    from utils.conv3d import running_precision
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch, "__version__", "2.9.1+cu130")
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91100)  # cuDNN 9.11: TF32 off for 3-D convolutions
+    assert running_precision("none", True, cuda) == "fp32"
+    assert running_precision("bf16", True, cuda) == "bf16" and running_precision("none", False, cuda) == "fp32"
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91600)  # fixed
+    assert running_precision("none", True, cuda) == "tf32"
+    assert running_precision("none", True, torch.device("cpu")) == "fp32"  # no TF32 on a CPU
+    facts = {"compile_problem": None, "nsys": {"path": None}, "dali": None, "profiler": {"ok": True},
+             "conv3d": {"bf16": {"on_cudnn": False}, "fp16": {"on_cudnn": True}, "tf32_runs_as": "fp32"}}
+    [said] = preflight.decisions(facts)
+    assert "the bf16 rungs get one short trial each, marked slow" in said and "FP32 peak" in said
