@@ -103,8 +103,12 @@ EOF
 # --------------------------------------------------------------------------- packing and steps
 
 stage_files() {
-    # What this stage wrote: the files under the result folder newer than its start.
-    find "$RESULTS" -type f -newer "$STAMP" ! -name '*.tmp' 2>/dev/null
+    # What this stage wrote: the files under the result folder newer than its start, but the suite's
+    # files of the other stages (a log the last stage ended a second ago).
+    find "$RESULTS" -type f -newer "$STAMP" ! -name '*.tmp' ! -name 'gpu_suite-left-out.txt' 2>/dev/null |
+        grep -v -e '/gpu_suite-[a-z-]*-[0-9-]*\.log$' -e '/gpu_suite-[a-z-]*\.xml$'
+    find "$RESULTS" -maxdepth 1 -type f -newer "$STAMP" \( -name "gpu_suite-$STAGE-*.log" -o \
+        -name "gpu_suite-$STAGE.xml" \) 2>/dev/null
 }
 
 out_usage() {
