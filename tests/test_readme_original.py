@@ -15,10 +15,9 @@ import shlex
 import pytest
 
 from conftest import ROOT
-from readme_commands import readme_commands
+from readme_commands import readme_commands, tutorial_text
 
-with open(os.path.join(ROOT, "README.md")) as f:
-    README_COMMANDS = readme_commands(f.read())
+README_COMMANDS = readme_commands(tutorial_text(ROOT))  # the hub's and the chapters' (docs/)
 
 # Every command of the original tutorial's README: its training and batch commands in its order, then its
 # set-up commands (appended, so that the indices below stay).
