@@ -86,7 +86,7 @@ def test_every_section_link_has_its_heading():
     assert checked, "the tutorial links to its own sections"
 
 
-CHAPTER_LIST = "## Contents"  # the hub's list of the chapters
+CHAPTER_LIST = "## Chapters"  # the hub's list of the chapters
 
 
 def test_the_hub_links_every_chapter_in_order():
@@ -158,6 +158,46 @@ def test_every_cpu_scaling_command_names_its_ranks():
     preset's default, every GPU of the node, is what it is for)."""
     commands = [command for command in readme_commands(TEXT) if "benchmarks.scaling --preset cpu" in command]
     assert len(commands) >= 4 and all("--ranks" in command for command in commands), commands
+
+
+def test_the_loader_ratio_quoted_is_that_of_the_ladder():
+    """Every "N times (faster than) the original's" of the tutorial is the ladder's IO of the GPU-resident
+    loader over that of the original's lowmem, in the results file its table quotes."""
+    with open(os.path.join(ROOT, "benchmarks", "results", "cpu-vm-2-cores-2026-11-25.json")) as f:
+        io = {run["name"]: run["io"] for run in json.load(f)["runs"]}
+    ratio = io["gpu-inmem on CPU tensors"] / io["original's lowmem: 24 rotations, velocities not turned, 2 workers"]
+    quoted = re.findall(r"(\d+(?:\.\d+)?) times (?:faster than )?the original", " ".join(TEXT.split()))
+    assert len(quoted) >= 3 and set(quoted) == {f"{ratio:.1f}"}, (quoted, ratio)
+
+
+TRACKS = ("## CPU track", "## GPU/cluster track")
+
+
+def track_rows(heading):
+    _, rows = table_rows(section(heading))
+    return list(rows.values())
+
+
+def test_the_tracks_run_the_chapters_commands_and_quote_their_numbers():
+    """Each step of the hub's two tracks: its commands are commands of the tutorial's code blocks (so
+    they are run here or listed with a reason), and every number it gives to compare (a decimal, a
+    percentage, three digits or more) is written in the hub outside the tracks or in the chapter the step
+    links."""
+    hub = README
+    for heading in TRACKS:
+        hub = hub.replace(section(heading), "")
+    for heading in TRACKS:
+        rows = track_rows(heading)
+        assert len(rows) >= 8, heading
+        for row in rows:
+            commands = re.findall(r"`([^`]+)`", row["command"])
+            assert commands and all(c in COMMANDS for c in commands), (heading, commands)
+            links = [resolve("README.md", t) for t in relative_targets(" ".join(row.values()))]
+            where = " ".join(" ".join(text.split()) for text in [hub, *(FILES[path] for path in links if path in FILES)])
+            for number in re.findall(r"\d+(?:\.\d+)?(?:e-\d+)?%?", row["the number to compare"]):
+                if "." in number or "%" in number or len(number) >= 3:
+                    assert number in where, (heading, row["step"], number)
+    assert "2 to 5 times as long" in " ".join(section("## CPU track").split())
 
 
 def test_large_batch_table_is_that_of_the_example_logs():

@@ -118,6 +118,36 @@ ABSENT = {
 }
 
 
+# The original README's section headings, in its order ("Profiling with Nsight Systems" is there twice: the
+# single-GPU one and the multi-GPU one), spelt as there, so that a reader with it in hand can search for them.
+ORIGINAL_SECTIONS = [
+    "Links", "Installation and Setup", "Software environment", "Installing Nsight Systems",
+    "Model, data, and training code overview", "Single GPU training",
+    "Single GPU performance profiling and optimization", "Profiling with Nsight Systems",
+    "Adding NVTX ranges and profiler controls", "Using the benchy profiling tool", "Data loading optimizations",
+    "Improving the native PyTorch dataloader performance", "Using NVIDIA DALI", "Enabling Mixed Precision Training",
+    "Just-in-time (JIT) compiliation and APEX fused optimizers", "Using CUDA Graphs (optional)",
+    "Full training with optimizations", "Distributed GPU training", "Code basics", "Large batch convergence",
+    "Multi-GPU performance profiling and optimization", "Weak and Strong Throughput Scaling",
+    "Profiling with Nsight Systems", "Adjusting DistributedDataParallel options", "Putting it all together",
+]
+
+
+def test_every_section_of_the_original_is_found_from_the_hub():
+    """README.md's table "For readers of the original tutorial" names each of the original's sections (as
+    often as the original has it) in its first column and links, in the same row, the chapter section that
+    stands for it (tests/test_readme.py checks that the link's file and heading exist)."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        hub = f.read()
+    table = hub.split("### For readers of the original tutorial", 1)[1].split("\n#", 1)[0]
+    rows = [line.strip("|").split("|") for line in table.splitlines() if line.startswith("| ")][1:]
+    named = []
+    for first, here in rows:
+        assert re.search(r"\]\(docs/\d\d-[\w-]+\.md#[\w-]+\)", here), here
+        named += [re.sub(r" \(multi-GPU\)$", "", name.strip()) for name in first.split(";")]
+    assert sorted(named) == sorted(ORIGINAL_SECTIONS)
+
+
 def parse(command):
     """``(environment, launcher, flags)`` of a command: flags as {key: value}, a bare flag as 'true'."""
     words = shlex.split(command.replace("<value of your choice>", "CHOICE"))
