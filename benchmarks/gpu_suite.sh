@@ -271,12 +271,6 @@ multi_gpu_run() {
     # multi_gpu_run NAME SECONDS SCRIPT OPTIONS...: one torchrun of 2 ranks over NCCL, its log kept.
     local name=$1 need=$2 script=$3
     shift 3
-    local gpus
-    gpus=$(cuda_gpus)
-    if [ "$gpus" -lt 2 ]; then
-        note "step $name not run: it needs 2 CUDA GPUs over NCCL, and this machine has $gpus"
-        return 0
-    fi
     step "$name" "$need" bash -c '"$@" > "'"$RESULTS/multi-gpu/$name.log"'" 2>&1' _ \
         "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node=2 "$script" "$@" \
         --train_path="$DATA_DIR/synthetic_train.h5" --val_path="$DATA_DIR/synthetic_valid.h5" --device=cuda \
@@ -287,7 +281,12 @@ stage_multi-gpu() {
     # What one GPU cannot cover (world size 1 makes no process group; NCCL refuses two ranks on one GPU):
     # two-rank runs of DDP, FSDP, domain parallelism [2,1,1] (halo exchange over NCCL) and the CUDA-graph
     # step under DDP. The weak-scaling points up to this node's GPUs are the scaling stage's.
-    local status=0
+    local status=0 gpus
+    gpus=$(cuda_gpus)
+    if [ "$gpus" -lt 2 ]; then
+        note "steps ddp, fsdp, domain and graph-ddp not run: they need 2 CUDA GPUs over NCCL, and this machine has $gpus"
+        return 0
+    fi
     mkdir -p "$RESULTS/multi-gpu"
     step data 20 "$PYTHON" -c "from benchmarks.common import make_data; make_data('$DATA_DIR', 256)" || return 1
     multi_gpu_run ddp 40 train.py --config=test --Nsamples=64 || status=1

@@ -177,3 +177,23 @@ def test_the_last_dali_command_on_a_new_machine_says_what_is_missing_and_goes_on
     [(_, command, carry)] = [entry for entry in plan_commands() if entry[0].endswith("the dali stage")]
     status, output, _ = run(command.replace("benchmarks/gpu_suite.sh dali", "echo dali stage runs"), carry)
     assert status == 0 and "DALI not installed: a part is missing" in output and "dali stage runs" in output
+
+
+def test_every_command_of_the_multi_gpu_plan_runs_on_a_bare_machine(machine):
+    """The multi-GPU plan's commands, likewise: on this machine its two-rank runs are skipped (no two GPUs)
+    and the scaling stage runs its CPU preset at one rank."""
+    _, run = machine
+    result = subprocess.run([os.path.join(ROOT, "benchmarks", "gpu_suite.sh"), "--plan", "--gpus", "4"], cwd=ROOT,
+                            env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=120)
+    commands = re.findall(r"^ *\d+\. (.+?): budget \d+ s, about \d+ s; carry (.+?); timeout_s \d+ \(fits\)\n    \$ (.+)$",
+                          result.stdout, flags=re.M)
+    assert [what for what, _, _ in commands] == ["stage preflight", "stage multi-gpu", "stage scaling"]
+    for what, carry, command in commands:
+        status, output, files = run(command, carry.split(", "))
+        assert status == 0, f"{what} failed:\n{output[-4000:]}"
+        stage = what.split()[-1]
+        [log] = [text for name, text in archive_text(files[f"gpu_suite_{stage}.tgz"]).items()
+                 if name.startswith(f"gpu_suite-{stage}-")]
+        assert f"stage {stage} ended with status 0" in log
+        if stage == "multi-gpu":
+            assert "not run: they need 2 CUDA GPUs over NCCL, and this machine has 0" in log

@@ -201,3 +201,21 @@ def test_the_table_lists_the_rungs_in_the_ladders_order():
         {"name": rung.name, "step": rung.step, "error": "not run"} for rung in ladder.rungs_for("gpu", dali=True)]}
     names = re.findall(r"^\| (.+?) \| failed", ladder.markdown_table(report), flags=re.M)
     assert names[0] == "baseline: lowmem, 2 workers" and names[-1] == "batch 8: + CUDA graph"
+
+
+def test_the_multi_gpu_runs_use_options_train_py_has():
+    """The two-rank runs a single-GPU machine cannot check: their options are config keys and configs that
+    exist (a typo would cost a multi-GPU machine's command)."""
+    import yaml
+
+    with open(os.path.join(ROOT, "config", "UNet.yaml")) as f:
+        configs = yaml.safe_load(f)
+    runs = re.findall(r"multi_gpu_run ([\w-]+) \d+ (\S+) (.+?)(?: \|\||$)", script_commands()["multi-gpu"])
+    assert [name for name, _, _ in runs] == [name for name, _ in suite_plan.MULTI_GPU_RUNS]
+    for name, script_name, options in runs:
+        assert os.path.isfile(os.path.join(ROOT, script_name))
+        for option in options.split():
+            key, _, value = option[2:].partition("=")
+            assert key == "config" and value in configs or key in configs["base"], (name, option)
+    assert dict((name, options) for name, _, options in runs)["domain"] == "--config=domain_demo"
+    assert configs["domain_demo"]["domain_mesh"] == [2, 1, 1]
