@@ -83,8 +83,10 @@ cuda_gpus() { "$PYTHON" -c 'import torch; print(torch.cuda.device_count() if tor
 
 nsys_decided() {
     # "true" or "false": whether the preflight saw nsys write a report (this command's, else the carried
-    # one); "unknown" where neither has tried.
-    "$PYTHON" - "$PREFLIGHT" "$CARRIED_PREFLIGHT" <<'EOF' 2>/dev/null || echo unknown
+    # one; never one an earlier command left on the machine); "unknown" where neither has tried.
+    local own=
+    [ "$PREFLIGHT" -nt "$RUN_STAMP" ] && own=$PREFLIGHT
+    "$PYTHON" - $own "$CARRIED_PREFLIGHT" <<'EOF' 2>/dev/null || echo unknown
 import json, sys
 for path in sys.argv[1:]:
     try:
@@ -316,6 +318,7 @@ done
 
 mkdir -p "$RESULTS"
 [ -n "${OUT:-}" ] && mkdir -p "$OUT"
+RUN_STAMP=$(mktemp)  # what this invocation writes is newer
 failed=()
 for STAGE in "$@"; do
     START=$SECONDS
@@ -341,5 +344,6 @@ for STAGE in "$@"; do
     pack || failed+=("pack-$STAGE")
     rm -f "$STAMP" "$PACKED"
 done
+rm -f "$RUN_STAMP"
 [ ${#failed[@]} -eq 0 ] || { note "failed stages: ${failed[*]}"; exit 1; }
 note "all stages passed: $*"
