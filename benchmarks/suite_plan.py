@@ -228,7 +228,7 @@ def dali_commands(parts=DALI_PARTS):
                 for k in range(1, parts)]
     install = (f"mkdir -p \"{GATHER}\" && cp .carry/{parts}/* \"{GATHER}/\" && (cd \"{GATHER}\" && cat part.* | tar xf - "
                f"&& sha256sum -c --quiet manifest && python3 -m pip install -q --no-index --no-deps --no-compile "
-               f"--target \"{SITE}\" ./*.whl) || echo 'DALI not installed: a part is missing (a new machine?) or "
+               f"--upgrade --target \"{SITE}\" ./*.whl) || echo 'DALI not installed: a part is missing (a new machine?) or "
                "broken; the dali stage runs without it'")
     commands.append((f"DALI wheels, part {parts} of {parts}, their install, and the dali stage",
                      f"{INSTALL} && {{ {install}; }} && benchmarks/gpu_suite.sh dali",
