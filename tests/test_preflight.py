@@ -1,7 +1,6 @@
 """benchmarks/preflight.py, the GPU suite's first command: on this CPU machine it runs its CPU half for
 real and names what it skipped; its compiler check finds a missing compiler or Python.h."""
 import json
-import os
 import subprocess
 import sys
 import time
