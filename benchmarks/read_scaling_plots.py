@@ -16,8 +16,8 @@ fitted against the tick values 0, 5, ..., 30 nodes and 0, 20000, ..., 100000 sam
 is a filled disk 8 px across in its line's colour, found at the node count's pixel column as the
 place where a disk of radius 3 px is at least 55% that colour (a 2 px line fills at most 40% of it),
 its centre the middle of that stretch. Markers drawn later cover earlier ones (the legend's order);
-a marker covered by more than about half is not read (``null`` in the output). Where a solid and a
-dashed curve of one colour give one marker, they are the same value to within the reading error.
+a marker covered by more than about half is not read (``null`` in the output), nor is a lone marker
+of a colour that a solid and a dashed curve share (it may be either's).
 The reading error is measured, not guessed: the ideal lines must be N times their own 1-node point,
 and the three curves that both plots draw must agree between them; ``reading_error`` in the output
 is the largest relative deviation of either check (at 4 nodes and more, where markers stand apart).
@@ -121,7 +121,7 @@ def centres_of(run, diameter, covered):
     """The marker centres a stretch gives: one where it is a diameter long and both its ends are free
     (``covered(row)`` false); two of one colour overlapping where it is longer (their centres half a
     diameter inside its ends); where one end is covered by a marker drawn later, one, half a diameter
-    inside the free end; where both are, none."""
+    inside the free end, if nearly a whole diameter shows; where both are, none."""
     top, bottom, above, below = run
     top_free = above is None or not covered(above)
     bottom_free = below is None or not covered(below)
@@ -149,9 +149,9 @@ def marker_diameter(image, axes):
 def read_plot(path, which):
     """{curve: {nodes: samples/s or None}} for one plot, and its calibration.
 
-    Per colour and node count, the markers on the node count's pixel column: two (the dashed curve,
-    ideal or no all-reduce, is the upper one), or one (the solid curve's; the dashed one is covered,
-    or the same to within a pixel, and is not read). Which stretch ends are covered depends on what
+    Per colour and node count, the markers on the node count's pixel column. Where two curves share a
+    colour, two markers are read (the dashed curve, ideal or no all-reduce, is the upper one) and one is
+    not: it may be either curve's. Which stretch ends are covered depends on what
     was drawn later, so the markers are read twice: first taking any other colour at an end as
     covering it, then only a marker found the first time whose curve is drawn later."""
     image = load(path)
@@ -189,8 +189,10 @@ def read_plot(path, which):
                 centres.sort()  # top (highest value) first
                 if dashed and len(centres) >= 2:
                     assigned[(dashed, n)], assigned[(solid, n)] = centres[0], centres[1]
-                elif centres:
-                    assigned[(solid, n)] = centres[-1]
+                elif centres and not dashed:
+                    assigned[(solid, n)] = centres[0]
+                # One marker of a colour that two curves share: the solid curve's with the dashed one
+                # covered by another colour, or the dashed one's drawn over the solid one's; not read.
         found = assigned
     value = np.poly1d([1 / axes["y"][0], -axes["y"][1] / axes["y"][0]])
     curves = {name: {n: (float(value(found[(name, n)])) if (name, n) in found else None) for n in NODES}
