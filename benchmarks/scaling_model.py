@@ -47,7 +47,7 @@ MIB = 2 ** 20
 GPU_COUNTS = [2 ** i for i in range(11)]  # 1 .. 1024
 NODE_COUNTS = [1, 2, 4, 8, 16, 32]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-POINTS = os.path.join(ROOT, "benchmarks", "sc22_scaling_points.json")
+POINTS = os.path.join(os.path.dirname(os.path.realpath(__file__)), "sc22_scaling_points.json")  # beside this file
 
 
 def published_curves(path=POINTS):
