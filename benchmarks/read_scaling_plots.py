@@ -50,18 +50,22 @@ def load(path):
     return matplotlib.image.imread(path)[..., :3].astype(float) * 255
 
 
-def lines_of(mask, axis, length):
-    """Pixel positions (weighted centres) of straight lines in ``mask``: rows (axis=1) or columns
-    (axis=0) with more than ``length`` pixels set, adjacent ones merged."""
-    counts = mask.sum(axis=axis)
-    found = np.where(counts > length)[0]
+def adjacent(indices):
+    """Sorted pixel indices grouped into runs of neighbours: [[3, 4, 5], [9], ...]."""
     groups = []
-    for i in found:
+    for i in indices:
         if groups and i - groups[-1][-1] <= 1:
             groups[-1].append(i)
         else:
             groups.append([i])
-    return [float(np.average(g, weights=counts[g])) for g in groups]
+    return groups
+
+
+def lines_of(mask, axis, length):
+    """Pixel positions (weighted centres) of straight lines in ``mask``: rows (axis=1) or columns
+    (axis=0) with more than ``length`` pixels set, adjacent ones merged."""
+    counts = mask.sum(axis=axis)
+    return [float(np.average(g, weights=counts[g])) for g in adjacent(np.where(counts > length)[0])]
 
 
 def calibrate(image):
@@ -99,15 +103,8 @@ def runs(column):
     """Stretches of a colour down one pixel column: (top edge, bottom edge, row above, row below), the
     edges in fractional rows (pixel i covers i - 0.5 .. i + 0.5, a partly covered pixel adds its part);
     the row beyond an edge is None where it is background, else the row of the other colour there."""
-    full = np.where(column >= 0.95)[0]
-    found = []
-    for i in full:
-        if found and i - found[-1][-1] <= 1:
-            found[-1].append(i)
-        else:
-            found.append([i])
     result = []
-    for stretch in found:
+    for stretch in adjacent(np.where(column >= 0.95)[0]):
         top, bottom = stretch[0], stretch[-1]
         above = column[top - 1] if top > 0 else 0.0
         below = column[bottom + 1] if bottom + 1 < len(column) else 0.0
