@@ -466,6 +466,8 @@ def check_domain(scratch, output):
     assert [(row["crop"], row["ranks"]) for row in rows] == [(128, 1), (128, 2)]
     assert all(row["saved_bytes"] == row["predicted_saved_bytes"] for row in rows), rows
     assert rows[1]["halo_bytes"] == rows[1]["predicted_halo_bytes"] > 0
+    assert rows[1]["halo_bytes_busiest"] == rows[1]["predicted_halo_busiest"] == rows[1]["halo_bytes"] // 2
+    assert "| halo, all ranks (MiB) |" in output and "| halo, busiest rank (MiB) |" in output
 
 
 # The README command, exactly as extracted (one line, single spaces), and how it is run.
