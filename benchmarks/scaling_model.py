@@ -588,12 +588,14 @@ def scaling_markdown(rows):
     for r in rows:
         lines.append(f"| {r['gpus']} | {r['nodes']} | {r['buckets']} | {r['compute_ms']:.1f} | {r['ddp_gpu_ms']:.1f} | "
                      f"{r['exposed_ms']:.1f} | {r['loader_ms']:.1f} | {r['synthetic_samples_per_s']:.0f} | "
-                     f"{percent(r['synthetic_efficiency'])} | {r['samples_per_s']:.0f} | {percent(r['weak_efficiency'])} |")
+                     f"{percent(r['synthetic_efficiency'])} | {r['samples_per_s']:.0f} | "
+                     f"{percent(r['weak_efficiency'])} |")
     return "\n".join(lines)
 
 
 def knobs_markdown(ranked):
-    lines = ["| knobs on bs64_opt (local batch 64, 25 MB buckets) | real data at 32 nodes | synthetic data at 32 nodes |",
+    lines = ["| knobs on bs64_opt (local batch 64, 25 MB buckets) | real data at 32 nodes | "
+             "synthetic data at 32 nodes |",
              "|---|---|---|"]
     for name, real, synthetic in ranked:
         lines.append(f"| {name} | {whole(*real)} | {whole(*synthetic)} |")
