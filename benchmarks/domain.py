@@ -9,7 +9,8 @@ width; batch 1, fp32) on their blocks, and report:
 
 * the bytes of the activations saved for the backward pass on each rank (every tensor the autograd
   graph keeps, counted once per storage, parameters excluded), read with ``saved_tensors_hooks``;
-* the halo bytes of the step: what all ranks sent to their neighbours, forward and backward.
+* the halo bytes of the step, forward and backward: what all ranks sent to their neighbours together,
+  the mean per rank, and what the busiest rank sent (one with a neighbour on each side of a split axis).
 
 Beside each measurement is the prediction made from the U-Net's shapes alone (:func:`predict`), and a
 second table extends the prediction to 512^3 and 1024^3 crops: per-rank activations plus the model's
@@ -95,6 +96,23 @@ def predict(crop, base, mesh, full_scale=True, bytes_per_value=4):
         sent_per_pass.append(sent)
     halo_bytes = (sum(sent_per_pass) + sum(sent_per_pass[1:])) * bytes_per_value
     return (per_rank + halo_values) * bytes_per_value, halo_bytes
+
+
+def busiest_halo(crop, base, mesh, full_scale=True, bytes_per_value=4):
+    """Predicted halo bytes that the busiest rank sends in one step: one with neighbours on both sides
+    of every split axis sends two slabs per axis and convolution (one on each side), a rank of a
+    2-wide axis one; forward, and backward for all but the first convolution, as in :func:`predict`."""
+    _, conv_inputs = unet_tensors(crop, base, full_scale)
+    sent_per_pass = []
+    for channels, side in conv_inputs:
+        block = [side // parts for parts in mesh]
+        sent = 0
+        for axis in range(3):
+            if mesh[axis] > 1:
+                sent += min(2, mesh[axis] - 1) * channels * block[(axis + 1) % 3] * block[(axis + 2) % 3]
+                block[axis] += 2
+        sent_per_pass.append(sent)
+    return (sum(sent_per_pass) + sum(sent_per_pass[1:])) * bytes_per_value
 
 
 def largest_tensor(crop, base, mesh, full_scale=True):
@@ -190,14 +208,18 @@ def measure(crop, base, ranks, work_dir):
 def table(rows, base, date, device):
     lines = [f"# Domain parallelism: memory per rank and halo bytes (U-Net base_channels {base}, batch 1, fp32)", "",
              f"Measured with `python -m benchmarks.domain` on {device}, {date}: N gloo processes on one CPU machine, "
-             "mesh [N,1,1]. Saved activations: the largest rank's; halo bytes: all ranks, forward and backward.", "",
+             "mesh [N,1,1]. Saved activations: the largest rank's. Halo bytes of one step, forward and backward: "
+             "all ranks together, the mean per rank, and the busiest rank's.", "",
              "| crop, ranks | saved per rank (MiB) | saved, predicted (MiB) | ratio to 1 rank | "
-             "halo per step (MiB) | halo, predicted (MiB) |",
-             "|---|---|---|---|---|---|"]
+             "halo, all ranks (MiB) | all, predicted (MiB) | halo per rank, mean (MiB) | halo, busiest rank (MiB) | "
+             "busiest, predicted (MiB) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row['crop']}^3, {row['ranks']} | {row['saved_bytes'] / MIB:.1f} | "
                      f"{row['predicted_saved_bytes'] / MIB:.1f} | {row['ratio_to_one_rank']:.3f} | "
-                     f"{row['halo_bytes'] / MIB:.1f} | {row['predicted_halo_bytes'] / MIB:.1f} |")
+                     f"{row['halo_bytes'] / MIB:.1f} | {row['predicted_halo_bytes'] / MIB:.1f} | "
+                     f"{row['halo_bytes'] / row['ranks'] / MIB:.1f} | {row['halo_bytes_busiest'] / MIB:.1f} | "
+                     f"{row['predicted_halo_busiest'] / MIB:.1f} |")
     return lines
 
 
@@ -210,15 +232,16 @@ def extension(base, parameters):
              "largest tensor stays below 2^31 elements (the 32-bit indexing limit of some GPU kernels). bf16 counts "
              "every saved tensor at 2 bytes. The convolutions' transient workspace is not included: leave headroom.",
              "", "| crop | activations, 1 rank, fp32 (GiB) | largest tensor, 1 rank (elements) | smallest mesh, fp32 | "
-             "per rank, fp32 (GiB) | smallest mesh, bf16 | per rank, bf16 (GiB) | halo per step, [2,1,1] fp32 (GiB) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "per rank, fp32 (GiB) | smallest mesh, bf16 | per rank, bf16 (GiB) | halo per step, [2,1,1] fp32, "
+             "all ranks (GiB) | the same, each rank (GiB) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for crop in (256, 512, 1024):
         whole, _ = predict(crop, base, [1, 1, 1], True, 4)
         cells = [f"{crop}^3", f"{whole / GIB:.1f}", f"{largest_tensor(crop, base, [1, 1, 1]) / 2**30:.2f} x 2^30"]
         for bytes_per_value in (4, 2):
             mesh, total = smallest_fitting_mesh(crop, base, True, bytes_per_value, parameters)
             cells += [str(mesh) if mesh else "none in the list", f"{total / GIB:.1f}" if total else "-"]
-        cells.append(f"{predict(crop, base, [2, 1, 1])[1] / GIB:.2f}")
+        cells += [f"{predict(crop, base, [2, 1, 1])[1] / GIB:.2f}", f"{busiest_halo(crop, base, [2, 1, 1]) / GIB:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -251,8 +274,10 @@ def main(argv=None):
         predicted_saved, predicted_halo = predict(crop, args.base_channels, [ranks, 1, 1])
         rows.append({"crop": crop, "ranks": ranks, "saved_bytes": max(r["saved_bytes"] for r in reports),
                      "halo_bytes": sum(r["halo_bytes_sent"] for r in reports),
+                     "halo_bytes_busiest": max(r["halo_bytes_sent"] for r in reports),
                      "exchanges_per_rank": reports[0]["exchanges"],
-                     "predicted_saved_bytes": predicted_saved, "predicted_halo_bytes": predicted_halo})
+                     "predicted_saved_bytes": predicted_saved, "predicted_halo_bytes": predicted_halo,
+                     "predicted_halo_busiest": busiest_halo(crop, args.base_channels, [ranks, 1, 1])})
         one = next(row for row in rows if row["crop"] == crop and row["ranks"] == 1)
         rows[-1]["ratio_to_one_rank"] = rows[-1]["saved_bytes"] / one["saved_bytes"]
         print(rows[-1], flush=True)

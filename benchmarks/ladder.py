@@ -5,7 +5,8 @@
 
 Each rung is the tutorial's training step with a few more options switched on (the same builders
 as train.py, so it measures exactly what `python train.py ...` runs), timed with the benchy method:
-IO (the loader alone), SYNTHETIC (one cached batch: compute alone) and FULL (real training), in
+IO (the loader alone), SYNTHETIC (one cached batch: no loader, but on a GPU a host loader's batch is
+still copied every step) and FULL (real training), in
 samples/s, with the model FLOP utilisation and the peak GPU memory. The results go to
 ``benchmarks/results/<device>-<date>.json`` (``device``, ``torch``, ``cuda``, ``date``,
 ``command``, ``runs``: a list of ``{name, full, synthetic, io, mfu, peak_mem_gb}``), a markdown table

@@ -1,34 +1,43 @@
-"""A scaling model on paper: one DDP training step's time on N GPUs, from one GPU's throughput and the network.
+"""A scaling model on paper: one DDP training step's time on N GPUs, from one GPU's throughput, its data
+loader's and the network's, checked against the original tutorial's final weak-scaling curves.
 
     python -m benchmarks.scaling_model                      # bs64_opt weak scaling on Perlmutter, 1 .. 1024 GPUs
-    python -m benchmarks.scaling_model --machine h100 --local_batch_size=128 --bucket_cap_mb=100 --ddp_comm_hook=bf16
-    python -m benchmarks.scaling_model --check              # against the original tutorial's published numbers
+    python -m benchmarks.scaling_model --check              # every published point: model, published, error
+    python -m benchmarks.scaling_model --check --json       # the same as a JSON list
     python -m benchmarks.scaling_model --knobs              # which knob recovers what, at 32 nodes
+    python -m benchmarks.scaling_model --network machine.json   # a measured network profile (benchmarks.allreduce)
+    python -m benchmarks.scaling_model --machine h100 --local_batch_size=128 --ddp_comm_hook=bf16
 
-One step on N GPUs takes
+One optimiser step on N GPUs takes
 
-    compute (local batch / one GPU's samples/s)
-  + the gradient all-reduce that the backward pass does not hide
-  + the broadcast of buffers before the forward pass (DDP's broadcast_buffers)
+    compute                (local batch / one GPU's samples/s with nothing else to do: synthetic data, --noddp)
+  + DDP's work on the GPU  (copying the gradients into the buckets and back, and the all-reduce's NVLink
+                            traffic within the node: NCCL's kernels take the SMs and memory bandwidth the
+                            backward pass needs, so this does not hide)
+  + the network's part of the all-reduce that the backward pass does not hide
+  + the broadcast of buffers before the forward pass (DDP's broadcast_buffers; the U-Net has none)
 
-and no less than the loader needs for the local batch. The all-reduce is DDP's: its buckets come from
-DDP's own assignment (``torch.distributed._compute_bucket_assignment_by_size``) of the U-Net's real
-parameters, in the order their gradients become ready, which hooks record during a real backward pass
-together with the share of the backward FLOPs done at that moment. Each bucket's all-reduce starts
-when its last gradient is ready and the one before it is done, and costs what NCCL's own cost model
-says (nccl/src/graph/tuning.cc): a ring, 2(N-1)/N x bytes / bus bandwidth + 2(N-1) hops of latency,
-or a tree, 2 x bytes / bus bandwidth + 2 log2(nodes) hops, whichever is faster. Within a node the
-bus bandwidth is a GPU's NVLink; across nodes it is the node's network cards (a ring through each
-node's k NICs moves k times one NIC's bandwidth). What the model leaves out is listed in README's
-"A scaling model on paper".
+and, with real data, no less than the loader needs for the local batch; where the loader reads its files
+over the same network cards as the all-reduce (Perlmutter: its Lustre file system is reached over
+Slingshot), no less than the loader's time plus the time the all-reduce's bytes hold the network.
 
-The compute time is split between forward and backward by FLOPs (time is taken to follow FLOPs).
-Every number that is not measured is either a public specification (cited beside it) or fitted to
-the original's published runs, and then named as fitted (``--check`` prints which).
+The buckets are DDP's own assignment (``torch.distributed._compute_bucket_assignment_by_size``) of the
+U-Net's real parameters, in the order their gradients become ready, which hooks record during a real
+backward pass together with the share of the backward FLOPs done at that moment. Each bucket's
+all-reduce across nodes starts when its last gradient is ready and the one before it is done, and
+costs what a ring costs: 2(N-1)/N x bytes / bus bandwidth + 2(N-1) steps, each waiting one hop.
+
+Two terms are fitted to the original's final curves (NERSC/sc22-dl-tutorial commit 2074095, read off
+its plots by benchmarks/read_scaling_plots.py into benchmarks/sc22_scaling_points.json): the share of
+Slingshot's bandwidth the all-reduce reached, to the real-data run at 32 nodes, and the cost of one
+ring step across the network, to the synthetic run at 32 nodes. Two published points are inputs: one
+GPU's compute (the synthetic --noddp run) and one GPU's loader (the loader-alone ideal line). Every
+other published point is predicted; ``--check`` lists them.
 """
 import argparse
 import dataclasses
 import functools
+import inspect
 import json
 import math
 import os
@@ -36,6 +45,32 @@ import sys
 
 MIB = 2 ** 20
 GPU_COUNTS = [2 ** i for i in range(11)]  # 1 .. 1024
+NODE_COUNTS = [1, 2, 4, 8, 16, 32]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+POINTS = os.path.join(os.path.dirname(os.path.realpath(__file__)), "sc22_scaling_points.json")  # beside this file
+
+
+def published_curves(path=POINTS):
+    """The original's final curves, {curve: {nodes: samples/s}}, each point the mean of the two plots
+    where both draw it, and its reading error (samples/s, the largest disagreement of the reader's checks).
+    The synthetic and loader runs' 1-node points are their ideal lines' 32-node points / 32: the markers
+    at 1 node overlap, the ideal lines' end points stand alone (and N x the 1-node point is what an ideal
+    line is)."""
+    with open(path) as f:
+        read = json.load(f)
+    curves = {}
+    for plot in ("eff", "comm"):
+        for name, points in read[plot].items():
+            for nodes, value in points.items():
+                if value is not None:
+                    curves.setdefault(name, {}).setdefault(int(nodes), []).append(value)
+    curves = {name: {n: sum(v) / len(v) for n, v in sorted(points.items())} for name, points in curves.items()}
+    for name in ("synthetic", "loader"):
+        curves[name][1] = curves[f"{name}_ideal"][32] / 32
+    return curves, read["reading_error_samples_per_s"]
+
+
+CURVES, READING_ERROR = published_curves()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,32 +84,44 @@ class Machine:
     inter_latency: float    # one hop between nodes
     loader_rate: float      # samples/s that one GPU's data loader delivers (the loader's bound), or None
     source: str             # where the numbers come from
-    call_latency: float = 0.0  # the fixed cost of one collective call, whatever its size
+    call_latency: float = 0.0    # the fixed cost of one collective call, whatever its size
+    memory_bw: float = None      # one GPU's memory bandwidth (GB/s); None: a CPU rank, whose all-reduce
+    #                              runs beside its compute (nothing charged to DDP's work on the GPU)
+    ring_only: bool = False      # across nodes a ring only (the fitted model); else the faster of ring and tree
+    loader_shares_network: bool = False  # the loader reads over the network cards the all-reduce uses
 
 
 # Perlmutter's GPU node (https://docs.nersc.gov/systems/perlmutter/architecture/): 4 A100-SXM4-40GB
-# joined by NVLink 3 (12 links of 25 GB/s per direction per GPU: 300 GB/s, NVIDIA A100 datasheet) and
-# 4 HPE Slingshot 11 NICs of 200 Gb/s (25 GB/s) each: 100 GB/s per node. Latencies: NCCL's own cost
-# model (nccl/src/graph/tuning.cc, hwLat and baseLat for the Simple protocol that large messages use):
-# 3.4 us per NVLink hop and 14 us per network hop of a ring, 8.4 us per call. Loader: the original's
-# DALI IO trial, 937 samples/s on one A100 (its README, "DALI + AMP + apex + JIT").
+# joined by NVLink 3 (12 links of 25 GB/s per direction per GPU: 300 GB/s; 1555 GB/s of HBM2: NVIDIA A100
+# datasheet) and 4 HPE Slingshot 11 NICs of 200 Gb/s (25 GB/s) each: 100 GB/s per node; its Lustre file
+# system (/pscratch) is reached over the same Slingshot network. Latencies: NCCL's own cost model
+# (nccl/src/graph/tuning.cc, the Simple protocol): 3.4 us per NVLink hop, 14 us per network hop, 8.4 us
+# per call (the fit replaces the network hop's). Loader: the original's final loader-alone curve, its
+# ideal line's 1-node point per GPU (4 loaders per node share the node's CPUs and file system: one
+# A100's alone reached 937 samples/s in the original's benchy IO trial).
 NCCL_LATENCY = {"intra_latency": 3.4e-6, "inter_latency": 14e-6, "call_latency": 8.4e-6}
-PERLMUTTER = Machine("Perlmutter (4 x A100 per node)", 4, 300.0, 100.0, loader_rate=937.0,
+PERLMUTTER = Machine("Perlmutter (4 x A100 per node)", 4, 300.0, 100.0, loader_rate=CURVES["loader"][1] / 4,
                      source="docs.nersc.gov/systems/perlmutter/architecture; NVIDIA A100 datasheet; "
-                     "the original tutorial's benchy IO trial", **NCCL_LATENCY)
-# An NVIDIA DGX H100 node (NVIDIA DGX H100 user guide): 8 H100-SXM5 on NVLink 4 (18 links, 900 GB/s
-# both directions: 450 GB/s each way) through NVSwitch, and 8 ConnectX-7 NICs of 400 Gb/s (50 GB/s):
-# 400 GB/s per node. No loader's bound: none is measured on an H100 (the A100's DALI rate, 937
-# samples/s, would bound it below its predicted compute).
-H100 = Machine("DGX H100 (8 x H100 per node)", 8, 450.0, 400.0, loader_rate=None,
-               source="NVIDIA DGX H100 user guide (NVLink 4, 8 x ConnectX-7 400 Gb/s)", **NCCL_LATENCY)
+                     "the original's loader-alone curve", memory_bw=1555.0, loader_shares_network=True,
+                     **NCCL_LATENCY)
+# An NVIDIA DGX H100 node (NVIDIA DGX H100 user guide): 8 H100-SXM5 (3350 GB/s of HBM3, NVIDIA H100
+# datasheet) on NVLink 4 (900 GB/s both directions: 450 GB/s each way) through NVSwitch, and 8 ConnectX-7
+# NICs of 400 Gb/s (50 GB/s) for the compute network: 400 GB/s per node; storage has its own NICs.
+# Loader: none is measured on an H100; the A100's DALI pipeline alone reached 937 samples/s (the
+# original's benchy IO trial), kept as the bound.
+H100 = Machine("DGX H100 (8 x H100 per node)", 8, 450.0, 400.0, loader_rate=937.0,
+               source="NVIDIA DGX H100 user guide (NVLink 4, 8 x ConnectX-7 400 Gb/s); H100 datasheet",
+               memory_bw=3350.0, **NCCL_LATENCY)
 MACHINES = {"perlmutter": PERLMUTTER, "h100": H100}
 
-# One GPU's samples/s of bs64_opt (DALI, AMP fp16, apex, JIT) at local batch 64, epoch 4: the original's
-# README ("DALI + AMP + apex + JIT", A100-40GB). On an H100 nothing is measured yet: the A100's rate
-# times the ratio of the dense fp16 peaks (989 / 312 TFLOP/s, utils/flops.py), i.e. the same model FLOP
-# utilisation (20%): a prediction, to be replaced by a measurement.
-ONE_GPU_RATE = {"perlmutter": 782.0, "h100": 782.0 * 989 / 312}
+# One GPU's samples/s of bs64_opt (DALI, AMP fp16, apex, JIT) at local batch 64 when it only computes:
+# the original's final synthetic --noddp curve at 32 nodes, per GPU (no communication: its points are
+# N times one GPU's). On an H100 nothing is measured: the A100's rate times the H100's memory bandwidth
+# (3350 / 1555 = 2.15x) at the low end and its dense fp16 peak (989 / 312 = 3.17x, utils/flops.py) at
+# the high end: the model's FLOPs are partly bound by one and partly by the other.
+A100_RATE = CURVES["synthetic_noddp"][32] / 128
+H100_SCALE = {"memory bandwidth (2.15x)": 3350 / 1555, "fp16 peak (3.17x)": 989 / 312}
+ONE_GPU_RATE = {"perlmutter": A100_RATE, "h100": A100_RATE * min(H100_SCALE.values())}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,13 +179,18 @@ def unet(base_channels=64, full_scale=True, crop_size=64):
 
 
 def first_bucket_mb_of_this_torch(bucket_cap_mb):
-    """DDP's first (smallest) bucket: 1 MiB in the torch of 2022 that the original ran (its 8 NCCL
-    calls at 25 MB and 5 at 100 MB), and in newer torch only when bucket_cap_mb is left at its
-    default; a torch with ``_BucketCapacityConfig`` makes the first bucket as large as the others
-    when bucket_cap_mb is given, as train.py gives it."""
-    from torch.nn.parallel import distributed
+    """DDP's first (smallest) bucket in the installed torch when ``bucket_cap_mb`` is given, as train.py
+    gives it: 1 MiB (``dist._DEFAULT_FIRST_BUCKET_BYTES``) in the torch of 2022 that the original ran (its
+    8 NCCL calls per step at 25 MB and 5 at 100 MB); the whole ``bucket_cap_mb`` since PyTorch pull request
+    #121640 (2024, "[DDP] Bucket handling: make first bucket size equal to bucket_cap_mb if it was set"),
+    which made DDP's ``bucket_cap_mb`` default to None so that a given cap can be told from the default.
+    Read off that default, so that it holds for every torch since, whether the cap then lives in
+    ``bucket_bytes_cap_default`` or in ``_BucketCapacityConfig`` (tests/test_scaling_model.py checks it
+    against a real DDP's count of all-reduces)."""
+    from torch.nn.parallel import DistributedDataParallel
 
-    return float(bucket_cap_mb) if hasattr(distributed, "_BucketCapacityConfig") else 1.0
+    default = inspect.signature(DistributedDataParallel.__init__).parameters["bucket_cap_mb"].default
+    return float(bucket_cap_mb) if default is None else 1.0
 
 
 def buckets(network, bucket_cap_mb=25.0, first_bucket_mb=1.0):
@@ -156,18 +208,45 @@ def buckets(network, bucket_cap_mb=25.0, first_bucket_mb=1.0):
             for indices in assignment]
 
 
-def allreduce_time(size, gpus, machine):
-    """NCCL's all-reduce of ``size`` bytes over ``gpus`` GPUs: the faster of a ring and a tree."""
+def allreduce_time(size, gpus, machine, bandwidth_only=False):
+    """An all-reduce of ``size`` bytes over ``gpus`` GPUs: within a node over NVLink, across nodes over
+    the node's network cards; a ring (2(N-1)/N x bytes / bus bandwidth + 2(N-1) hops) or, unless the
+    machine is ``ring_only``, a tree (2 x bytes / bus bandwidth + 2 log2(nodes) network hops) where that
+    is faster (NCCL's own model). ``bandwidth_only``: the time its bytes hold the links, no latency."""
     if gpus == 1:
         return 0.0
     nodes = math.ceil(gpus / machine.gpus_per_node)
     per_node = min(gpus, machine.gpus_per_node)
     bandwidth = 1e9 * (machine.nvlink_bw if nodes == 1 else min(machine.nvlink_bw, machine.node_network_bw))
+    if bandwidth_only:
+        return 2 * (gpus - 1) / gpus * size / bandwidth
     hop = machine.intra_latency if nodes == 1 else machine.inter_latency
     ring = 2 * (gpus - 1) / gpus * size / bandwidth + 2 * (gpus - 1) * hop
     tree = 2 * size / bandwidth + 2 * ((per_node - 1) * machine.intra_latency
                                        + math.log2(nodes) * machine.inter_latency)
-    return machine.call_latency + min(ring, tree)
+    return machine.call_latency + (ring if machine.ring_only and nodes > 1 else min(ring, tree))
+
+
+def ddp_gpu_time(gradient_bytes, gpus, machine, wire_share=1.0):
+    """What DDP costs the GPU itself per step, which the backward pass does not hide: copying the
+    gradients into the buckets and back (4 x their bytes through memory) and the all-reduce's traffic
+    over NVLink within the node (``wire_share`` of the gradients' bytes: 0.5 with a bf16 or fp16 comm
+    hook), run by NCCL's kernels on the GPU's own SMs. Nothing on a CPU machine (``memory_bw`` None),
+    whose whole all-reduce is in the overlap timeline."""
+    if gpus == 1 or machine.memory_bw is None:
+        return 0.0
+    per_node = min(gpus, machine.gpus_per_node)
+    wire = wire_share * gradient_bytes
+    nvlink = 2 * (per_node - 1) / per_node * wire / (1e9 * machine.nvlink_bw) if per_node > 1 else 0.0
+    return 4 * gradient_bytes / (1e9 * machine.memory_bw) + nvlink
+
+
+def network_time(size, gpus, machine, bandwidth_only=False):
+    """The part of an all-reduce that overlaps the backward pass: across nodes, the network's; within
+    one node on a GPU machine, none (it is in ddp_gpu_time); on a CPU machine, all of it."""
+    if machine.memory_bw is not None and gpus <= machine.gpus_per_node:
+        return 0.0
+    return allreduce_time(size, gpus, machine, bandwidth_only)
 
 
 def broadcast_time(size, gpus, machine):
@@ -190,90 +269,64 @@ def comm_timeline(jobs, start=0.0):
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    compute: float       # s, one GPU's step at this local batch
-    exposed: float       # s, communication the backward pass does not hide
+    compute: float       # s, one GPU's compute for one optimiser step (all its micro-batches)
+    exposed: float       # s, network communication the backward pass does not hide
     broadcast: float     # s
-    step: float          # s, the whole step
-    samples_per_s: float  # of the whole job
+    step: float          # s, the whole step with its data on the GPU (synthetic data)
+    samples_per_s: float  # of the whole job, with the loader's bound where the machine has one
     buckets: int         # all-reduces per step (FSDP: units, each gathered and reduce-scattered)
+    ddp_gpu: float = 0.0  # s, DDP's work on the GPU (ddp_gpu_time)
+    loader: float = 0.0  # s, the loader's time for the step's samples, plus the network's bytes where it shares it
+    synthetic_samples_per_s: float = 0.0  # of the whole job, without the loader's bound
 
 
 def step_time(machine, gpus, local_batch, one_gpu_rate, network=None, bucket_cap_mb=25.0, first_bucket_mb=1.0,
-              ddp_comm_hook="none", broadcast_buffers=True, parallel="ddp"):
-    """One training step on ``gpus`` GPUs, at ``one_gpu_rate`` samples/s per GPU when alone.
+              ddp_comm_hook="none", broadcast_buffers=True, parallel="ddp", grad_accum_steps=1):
+    """One optimiser step on ``gpus`` GPUs, at ``one_gpu_rate`` samples/s per GPU when it only computes.
 
     DDP: each bucket's all-reduce starts when its last gradient is ready (forward, then that share of
     the backward) and the bucket before it is done; what runs past the end of the backward pass is
-    exposed. ``ddp_comm_hook`` bf16 or fp16 halves the bytes. ``parallel="fsdp"`` (no buckets, no comm
-    hook, no broadcast: those are DDP's): each parameter tensor is sharded, so the forward
-    all-gathers every one (overlapping the forward compute), the backward all-gathers them again
-    (prefetched from its start) and reduce-scatters each gradient once it is ready. An all-gather
-    and a reduce-scatter each cost half an all-reduce: 1.5 times DDP's bytes in all.
+    exposed. ``ddp_comm_hook`` bf16 or fp16 halves the bytes on the wire. ``grad_accum_steps`` K: one
+    all-reduce per K micro-batches of ``local_batch``, which only the last micro-batch's backward pass
+    can hide. ``parallel="fsdp"`` (no buckets, no comm hook, no broadcast: those are DDP's): each
+    parameter tensor is sharded, so the forward all-gathers every one (overlapping the forward
+    compute), the backward all-gathers them again (prefetched from its start) and reduce-scatters each
+    gradient once it is ready; an all-gather and a reduce-scatter each cost half an all-reduce.
     """
     network = network or unet()
-    compute = local_batch / one_gpu_rate
-    forward = compute * network.forward_share
+    micro = local_batch / one_gpu_rate
+    before = (grad_accum_steps - 1) * micro  # the micro-batches whose backward passes skip the all-reduce
+    compute = before + micro
+    forward = before + micro * network.forward_share
     backward = compute - forward
+    total_bytes = sum(g.bytes for g in network.gradients)
     if parallel == "fsdp":
         units = [(g.bytes, g.ready) for g in network.gradients]
         half = [allreduce_time(size, gpus, machine) / 2 for size, _ in units]
-        forward_wait = max(0.0, sum(half) - forward)  # the forward's all-gathers outrun its compute
+        forward_wait = max(0.0, sum(half) - micro * network.forward_share)  # the all-gathers outrun the forward
         reduce_scatters = [(forward + ready * backward, cost) for (_, ready), cost in zip(units, half)]
         end = comm_timeline([(forward, sum(half))] + reduce_scatters)
         exposed = forward_wait + max(0.0, end - compute)
-        broadcast, count = 0.0, len(units)
+        broadcast, count, ddp_gpu = 0.0, len(units), 0.0
+        busy = 1.5 * allreduce_time(total_bytes, gpus, machine, bandwidth_only=True)
     else:
         scale = 0.5 if ddp_comm_hook in ("bf16", "fp16") else 1.0
         cut = buckets(network, bucket_cap_mb, first_bucket_mb)
-        end = comm_timeline([(forward + ready * backward, allreduce_time(scale * size, gpus, machine))
+        end = comm_timeline([(forward + ready * backward, network_time(scale * size, gpus, machine))
                              for size, ready in cut])
         exposed = max(0.0, end - compute)
         broadcast = broadcast_time(network.buffer_bytes, gpus, machine) if broadcast_buffers else 0.0
         count = len(cut)
-    step = compute + exposed + broadcast
+        ddp_gpu = ddp_gpu_time(total_bytes, gpus, machine, scale)
+        busy = sum(network_time(scale * size, gpus, machine, bandwidth_only=True) for size, _ in cut)
+    step = compute + ddp_gpu + exposed + broadcast
+    samples = gpus * local_batch * grad_accum_steps
+    loader = 0.0
     if machine.loader_rate:
-        step = max(step, local_batch / machine.loader_rate)  # the loader cannot keep up
-    return Step(compute, exposed, broadcast, step, gpus * local_batch / step, count)
-
-
-def scaling_table(machine, local_batch, one_gpu_rate, global_batch=1024, counts=GPU_COUNTS, **options):
-    """One row per GPU count: weak scaling (``local_batch`` per GPU) and strong scaling
-    (``global_batch`` split over the GPUs, at the same samples/s per GPU: optimistic for small local
-    batches, which use a GPU less well; blank where a GPU would get less than one sample)."""
-    rows = []
-    alone = step_time(machine, 1, local_batch, one_gpu_rate, **options)
-    strong_alone = step_time(machine, 1, global_batch, one_gpu_rate, **options)
-    for gpus in counts:
-        weak = step_time(machine, gpus, local_batch, one_gpu_rate, **options)
-        row = {"gpus": gpus, "nodes": math.ceil(gpus / machine.gpus_per_node), "buckets": weak.buckets,
-               "compute_ms": 1e3 * weak.compute, "exposed_ms": 1e3 * weak.exposed,
-               "samples_per_s": weak.samples_per_s,
-               "weak_efficiency": weak.samples_per_s / (gpus * alone.samples_per_s),
-               "strong_samples_per_s": None, "strong_efficiency": None}
-        if global_batch % gpus == 0:
-            strong = step_time(machine, gpus, global_batch // gpus, one_gpu_rate, **options)
-            row["strong_samples_per_s"] = strong.samples_per_s
-            row["strong_efficiency"] = strong.samples_per_s / (gpus * strong_alone.samples_per_s)
-        rows.append(row)
-    return rows
-
-
-# The original tutorial's published multi-GPU numbers (its README; A100-40GB, Perlmutter, Nov 2022), each
-# with the run's settings. Its 4- and 8-GPU rows ran bs64_opt at local batch 16 with
-# --disable_broadcast_buffers --bucket_cap_mb 100; its weak scaling to 32 nodes kept the defaults
-# (25 MB buckets, broadcast on), at local batch 64 and 128.
-# ``tolerance``: the relative error tests/test_scaling_model.py allows; a fitted row's is the fit's own
-# precision, a predicted row's the error the model makes today, so that a change that makes it worse fails.
-PUBLISHED = [
-    {"label": "4 GPUs (1 node), local batch 16, 100 MB buckets, no broadcast", "gpus": 4, "local_batch": 16,
-     "options": {"bucket_cap_mb": 100, "broadcast_buffers": False}, "samples_per_s": 2059.1, "tolerance": 0.001},
-    {"label": "8 GPUs (2 nodes), local batch 16, 100 MB buckets, no broadcast", "gpus": 8, "local_batch": 16,
-     "options": {"bucket_cap_mb": 100, "broadcast_buffers": False}, "samples_per_s": 3588.4, "tolerance": 0.42},
-    {"label": "32 nodes, local batch 64, weak-scaling efficiency", "gpus": 128, "local_batch": 64,
-     "options": {}, "efficiency": 0.78, "tolerance": 0.001},
-    {"label": "32 nodes, local batch 128, weak-scaling efficiency", "gpus": 128, "local_batch": 128,
-     "options": {}, "efficiency": 0.89, "tolerance": 0.10},
-]
+        crossing = gpus > machine.gpus_per_node and machine.loader_shares_network
+        loader = local_batch * grad_accum_steps / machine.loader_rate + (busy if crossing else 0.0)
+    return Step(compute, exposed, broadcast, max(step, loader), samples / max(step, loader), count, ddp_gpu,
+                loader, samples / step)
 
 
 def solve(function, target, low, high, steps=60):
@@ -288,47 +341,95 @@ def solve(function, target, low, high, steps=60):
     return (low + high) / 2
 
 
-def predict(row, rates, machine):
-    """The model's value for a published row: samples/s, or weak-scaling efficiency."""
-    rate = rates[row["local_batch"]]
-    options = {"first_bucket_mb": 1.0, **row["options"]}  # the original's torch: a 1 MiB first bucket
-    step = step_time(machine, row["gpus"], row["local_batch"], rate, **options)
-    if "efficiency" in row:
-        return step.samples_per_s / (row["gpus"] * step_time(machine, 1, row["local_batch"], rate).samples_per_s)
-    return step.samples_per_s
+def fitted_machine(share, hop, machine=PERLMUTTER):
+    """``machine`` with its network at ``share`` of the datasheet's bandwidth and ``hop`` s per ring step
+    across nodes (a ring: the fitted form)."""
+    return dataclasses.replace(machine, node_network_bw=machine.node_network_bw * share, inter_latency=hop,
+                               ring_only=True)
+
+
+def curve_model(curve, nodes, machine, rate=A100_RATE, local_batch=64):
+    """The model's samples/s for one of the original's curves at ``nodes`` Perlmutter nodes."""
+    gpus = nodes * machine.gpus_per_node
+    if curve == "synthetic_noddp":
+        return gpus * rate
+    if curve in ("loader", "loader_ideal"):
+        return gpus * machine.loader_rate
+    if curve == "real_noddp":
+        return gpus * min(rate, machine.loader_rate)
+    step = step_time(machine, gpus, local_batch, rate)
+    return step.synthetic_samples_per_s if curve == "synthetic" else step.samples_per_s
 
 
 @functools.lru_cache(maxsize=None)
-def fit_published(machine=PERLMUTTER):
-    """Fit the two terms the published numbers do not give, each to one row, and predict the others.
+def fit(real_nodes=32, synthetic_nodes=32):
+    """The two fitted terms: the share of Slingshot's 100 GB/s per node that the all-reduce's bytes
+    reached, to the real-data run at ``real_nodes`` (there the step is the loader's time plus the time
+    the all-reduce's bytes hold the network), and the cost of one ring step across the network, to the
+    synthetic run at ``synthetic_nodes`` (its exposed all-reduce). Each hardly moves the other's point;
+    three rounds settle both."""
+    share, hop = 1.0, PERLMUTTER.inter_latency
+    for _ in range(3):
+        share = solve(lambda s: curve_model("real", real_nodes, fitted_machine(s, hop)),
+                      CURVES["real"][real_nodes], 0.05, 4.0)
+        hop = solve(lambda h: curve_model("synthetic", synthetic_nodes, fitted_machine(share, h)),
+                    CURVES["synthetic"][synthetic_nodes], 0.0, 200e-6)
+    return share, hop
 
-    - One GPU's samples/s at local batch 16: the original published it at 64 only (782). Fitted to the
-      4-GPU row, where NVLink at its datasheet bandwidth hides the all-reduce almost entirely.
-    - The share of the network's datasheet bandwidth that NCCL reaches across nodes (on NVLink the
-      datasheet's is kept). Fitted to the 32-node efficiency at local batch 64.
-    Local batch 64 and 128 use the published 782 samples/s (the same samples/s per GPU at 128: none
-    was published).
-    """
-    rates = {64: ONE_GPU_RATE["perlmutter"], 128: ONE_GPU_RATE["perlmutter"]}
-    four, _, weak64, _ = PUBLISHED
-    # One node: the network between nodes plays no part, so the two fits do not depend on each other.
-    rates[16] = solve(lambda r: predict(four, {**rates, 16: r}, machine), four["samples_per_s"], 50.0, 5000.0)
 
-    def with_share(share):
-        return dataclasses.replace(machine, node_network_bw=machine.node_network_bw * share)
+# The fits that the published points allow: the share from the real-data run at 8, 16 or 32 nodes, the
+# ring step from the synthetic run at 16 or 32 (at 8 nodes and fewer the synthetic run hides its
+# all-reduce, which says only that the step is short enough). The knob tables give the range over them.
+FIT_POINTS = [(r, s) for r in (8, 16, 32) for s in (16, 32)]
 
-    share = solve(lambda s: predict(weak64, rates, with_share(s)), weak64["efficiency"], 0.01, 1.0)
-    fitted = with_share(share)
+# What the original published besides the curves: its final README's text (32 nodes, local batch 64) and
+# its earlier README's multi-GPU rows (local batch 16, --bucket_cap_mb 100, --disable_broadcast_buffers),
+# which REFERENCE.md lists.
+TEXT = {"efficiency_real": 0.84, "comm_overhead_real": 0.12}
+ROWS_16 = {4: 2059.1, 8: 3588.4}
+TERMS = {("synthetic_noddp", 32): "input: one GPU's compute", ("loader_ideal", 32): "input: one GPU's loader",
+         ("real", 32): "fitted: the network's bandwidth share", ("synthetic", 32): "fitted: one ring step's cost"}
+
+
+def check_rows(share=None, hop=None):
+    """Every published point of the final curves (and the text's and the earlier rows' numbers) with
+    the model's value: dicts with curve, nodes, published, model, fitted, term, error (relative for
+    samples/s, in points for the ratios), reading (the reading error, relative)."""
+    if share is None:
+        share, hop = fit()
+    machine = fitted_machine(share, hop)
     rows = []
-    for row in PUBLISHED:
-        value = predict(row, rates, fitted)
-        published = row.get("efficiency", row.get("samples_per_s"))
-        rows.append({"label": row["label"], "published": published, "predicted": value,
-                     "error": value / published - 1, "tolerance": row["tolerance"],
-                     "term": {four["label"]: "fitted: one GPU's samples/s at local batch 16",
-                              weak64["label"]: "fitted: the network's reached bandwidth"}.get(row["label"],
-                                                                                            "predicted")})
-    return {"rate_16": rates[16], "network_share": share, "machine": fitted, "rows": rows}
+
+    def add(curve, nodes, published, model, ratio=False, reading=None):
+        term = TERMS.get((curve, nodes), "predicted")
+        rows.append({"curve": curve, "nodes": nodes, "published": published, "model": model,
+                     "fitted": term != "predicted", "term": term,
+                     "error": model - published if ratio else model / published - 1,
+                     "reading": reading if reading is not None else READING_ERROR / published})
+
+    for curve in ("real", "synthetic", "real_noddp", "synthetic_noddp", "loader"):
+        for nodes, value in sorted(CURVES[curve].items()):
+            if (curve, nodes) == ("loader", 1):
+                continue  # the loader_ideal row's number / 32: the input
+            from_ideal = nodes == 1 and curve == "synthetic"  # the ideal line's end / 32: a 32nd of its reading error
+            add(curve, nodes, value, curve_model(curve, nodes, machine),
+                reading=READING_ERROR / (32 * value) if from_ideal else None)
+    add("loader_ideal", 32, CURVES["loader_ideal"][32], curve_model("loader_ideal", 32, machine))
+    for kind in ("real", "synthetic"):
+        for nodes, value in CURVES[f"{kind}_noddp"].items():
+            if nodes in CURVES[kind]:
+                model = 1 - curve_model(kind, nodes, machine) / curve_model(f"{kind}_noddp", nodes, machine)
+                add(f"comm_overhead_{kind}", nodes, 1 - CURVES[kind][nodes] / value, model, ratio=True,
+                    reading=2 * READING_ERROR / value)
+    real = {n: curve_model("real", n, machine) for n in (1, 32)}
+    add("efficiency_real (README text)", 32, TEXT["efficiency_real"], real[32] / (32 * real[1]), ratio=True,
+        reading=0.005)
+    add("comm_overhead_real (README text)", 32, TEXT["comm_overhead_real"],
+        1 - real[32] / curve_model("real_noddp", 32, machine), ratio=True, reading=0.005)
+    for gpus, value in ROWS_16.items():
+        step = step_time(machine, gpus, 16, A100_RATE, bucket_cap_mb=100, broadcast_buffers=False)
+        add(f"{gpus}_gpus_local_batch_16", gpus // 4, value, step.samples_per_s, reading=0.0)
+    return rows
 
 
 # The knobs the tutorial teaches, each alone on top of bs64_opt's weak-scaling run (local batch 64,
@@ -336,53 +437,115 @@ def fit_published(machine=PERLMUTTER):
 KNOBS = [
     ("bs64_opt as published (the baseline)", {}),
     ("--local_batch_size=128", {"local_batch": 128}),
+    ("--grad_accum_steps=2", {"grad_accum_steps": 2}),
     ("--bucket_cap_mb=100", {"bucket_cap_mb": 100}),
     ("--bucket_cap_mb=10", {"bucket_cap_mb": 10}),
     ("--disable_broadcast_buffers", {"broadcast_buffers": False}),
     ("--ddp_comm_hook=bf16", {"ddp_comm_hook": "bf16"}),
     ("--parallel=fsdp", {"parallel": "fsdp"}),
 ]
-
-
 DDP_ONLY = {"bucket_cap_mb", "broadcast_buffers", "ddp_comm_hook"}
 
 
-def knob_options(knob):
-    return {key: value for key, value in knob.items() if key != "local_batch"}
+def knob_efficiency(machine, one_gpu_rate, knob, nodes=32):
+    """Weak-scaling efficiency on ``nodes`` nodes with ``knob``: (real data, synthetic data), each the
+    job's samples/s over that many GPUs' samples/s alone (one GPU: no DDP, the same local batch)."""
+    batch = knob.get("local_batch", 64)
+    options = {key: value for key, value in knob.items() if key != "local_batch"}
+    gpus = nodes * machine.gpus_per_node
+    many = step_time(machine, gpus, batch, one_gpu_rate, first_bucket_mb=1.0, **options)
+    one = step_time(machine, 1, batch, one_gpu_rate)
+    return many.samples_per_s / (gpus * one.samples_per_s), \
+        many.synthetic_samples_per_s / (gpus * one.synthetic_samples_per_s)
 
 
-def rank_knobs(machine, one_gpu_rate, nodes=32, combinations=True):
-    """The weak-scaling efficiency on ``nodes`` nodes of each knob alone and, with ``combinations``,
-    of every combination of the knobs that are not alternatives of one another; best first."""
+def knob_settings():
+    """Each knob alone, then every combination of knobs that are not alternatives of one another
+    (train.py refuses --ddp_comm_hook with FSDP; buckets and broadcast are DDP's)."""
     import itertools
 
-    gpus = nodes * machine.gpus_per_node
-
-    def efficiency(knob):
-        batch = knob.get("local_batch", 64)
-        step = step_time(machine, gpus, batch, one_gpu_rate, first_bucket_mb=1.0, **knob_options(knob))
-        return step.samples_per_s / (gpus * step_time(machine, 1, batch, one_gpu_rate).samples_per_s)
-
-    results = [(name, efficiency(knob)) for name, knob in KNOBS]
-    if combinations:
-        groups = [[("", {})] + [k for k in KNOBS[1:] if list(k[1]) == [key]]
-                  for key in ("local_batch", "bucket_cap_mb", "broadcast_buffers", "ddp_comm_hook", "parallel")]
-        for choice in itertools.product(*groups):
-            chosen = [k for k in choice if k[0]]
-            if any("parallel" in k for _, k in chosen) and any(set(k) & DDP_ONLY for _, k in chosen):
-                continue  # train.py refuses --ddp_comm_hook with FSDP; buckets and broadcast are DDP's
-            if len(chosen) > 1:
-                knob = {key: value for _, k in chosen for key, value in k.items()}
-                results.append((" ".join(name for name, _ in chosen), efficiency(knob)))
-    return sorted(results, key=lambda item: -item[1])
+    settings = list(KNOBS)
+    groups = [[("", {})] + [k for k in KNOBS[1:] if list(k[1]) == [key]]
+              for key in ("local_batch", "grad_accum_steps", "bucket_cap_mb", "broadcast_buffers",
+                          "ddp_comm_hook", "parallel")]
+    for choice in itertools.product(*groups):
+        chosen = [k for k in choice if k[0]]
+        if any("parallel" in k for _, k in chosen) and any(set(k) & DDP_ONLY for _, k in chosen):
+            continue
+        if len(chosen) > 1:
+            settings.append((" ".join(name for name, _ in chosen),
+                             {key: value for _, k in chosen for key, value in k.items()}))
+    return settings
 
 
-def resolve_machine(name, network_share):
-    """A named machine, its network at ``network_share`` of the datasheet ("fitted": the share fitted
-    to the original's 32-node run on Perlmutter, also used for another machine's network, an assumption)."""
-    share = fit_published()["network_share"] if network_share == "fitted" else float(network_share)
-    machine = MACHINES[name]
-    return dataclasses.replace(machine, node_network_bw=machine.node_network_bw * share), share
+def knob_table(machine_name="perlmutter", network=None):
+    """Each knob's efficiency at 32 nodes as a range: over the fits the published points allow (the
+    network's share and ring step) and, on an H100, over its compute rate (bandwidth- to peak-scaled).
+    With ``network`` (a measured Machine) the one network given. Each knob alone best first (by real
+    data), then the best combination. Rows: (name, (real low, real high), (synthetic low, high))."""
+    base = MACHINES[machine_name]
+    rates = [A100_RATE] if machine_name == "perlmutter" else [A100_RATE * s for s in H100_SCALE.values()]
+    machines = [network] if network else \
+        [fitted_machine(*fit(r, s), base) for r, s in FIT_POINTS]
+    rows = []
+    for name, knob in knob_settings():
+        values = [knob_efficiency(m, rate, knob) for m in machines for rate in rates]
+        rows.append((name, (min(v[0] for v in values), max(v[0] for v in values)),
+                     (min(v[1] for v in values), max(v[1] for v in values))))
+    ranked = sorted(rows, key=lambda row: (-round(sum(row[1]), 3), -round(sum(row[2]), 3), row[0].count("--")))
+    singles = [row for row in ranked if row[0].count("--") <= 1]
+    combined = [row for row in ranked if row[0].count("--") > 1]
+    return singles + combined[:1]
+
+
+def scaling_table(machine, local_batch, one_gpu_rate, counts=GPU_COUNTS, **options):
+    """One row per GPU count: weak scaling (``local_batch`` per GPU), with real data (the loader's bound)
+    and with synthetic data, each against that many GPUs alone."""
+    rows = []
+    alone = step_time(machine, 1, local_batch, one_gpu_rate, **options)
+    for gpus in counts:
+        weak = step_time(machine, gpus, local_batch, one_gpu_rate, **options)
+        rows.append({"gpus": gpus, "nodes": math.ceil(gpus / machine.gpus_per_node), "buckets": weak.buckets,
+                     "compute_ms": 1e3 * weak.compute, "ddp_gpu_ms": 1e3 * weak.ddp_gpu,
+                     "exposed_ms": 1e3 * weak.exposed, "loader_ms": 1e3 * weak.loader,
+                     "synthetic_samples_per_s": weak.synthetic_samples_per_s,
+                     "synthetic_efficiency": weak.synthetic_samples_per_s / (gpus * alone.synthetic_samples_per_s),
+                     "samples_per_s": weak.samples_per_s,
+                     "weak_efficiency": weak.samples_per_s / (gpus * alone.samples_per_s)})
+    return rows
+
+
+def network_profile(path, base=PERLMUTTER):
+    """``base`` with its network measured: a machine profile written by benchmarks.allreduce (keys
+    backend, world_size, nodes, latency_us, busbw_GBps). Its bus bandwidth replaces the datasheet's
+    (across nodes if it was measured across nodes, else NVLink's), and its latency, the time of a small
+    all-reduce over world_size ranks, is spread over a ring's 2(N-1) steps."""
+    with open(path) as f:
+        profile = json.load(f)
+    missing = [key for key in ("world_size", "nodes", "latency_us", "busbw_GBps") if key not in profile]
+    if missing:
+        raise ValueError(f"{path} is not a machine profile of benchmarks.allreduce: it lacks {', '.join(missing)}")
+    ranks = int(profile["world_size"])
+    hop = profile["latency_us"] * 1e-6 / (2 * max(ranks - 1, 1))
+    name = f"{base.name}, network measured ({profile.get('backend', '?')}, {ranks} ranks on {profile['nodes']} nodes)"
+    if profile["nodes"] > 1:
+        return dataclasses.replace(base, name=name, node_network_bw=float(profile["busbw_GBps"]),
+                                   inter_latency=hop, ring_only=True, source=path)
+    return dataclasses.replace(base, name=name, nvlink_bw=float(profile["busbw_GBps"]), intra_latency=hop,
+                               source=path)
+
+
+def resolve_machine(name, network_share="fitted", network=None):
+    """A named machine: its network measured (``network``, a profile's path), at ``network_share`` of
+    its datasheet, or ("fitted") at the share and ring step fitted to the original's 32-node runs (on
+    another machine than Perlmutter an assumption). Returns the machine and the share used (None when
+    measured)."""
+    if network:
+        return network_profile(network, MACHINES[name]), None
+    share, hop = fit()
+    if network_share != "fitted":
+        share = float(network_share)
+    return fitted_machine(share, hop, MACHINES[name]), share
 
 
 def percent(value):
@@ -394,37 +557,54 @@ def signed(error):
     return f"{100 * error:+.1f}%".replace("-0.0%", "+0.0%")
 
 
-def scaling_markdown(rows):
-    lines = ["| GPUs | nodes | buckets | compute ms | exposed comm ms | samples/s (weak) | weak efficiency | "
-             "samples/s (strong) | strong efficiency |", "|---|---|---|---|---|---|---|---|---|"]
+def whole(low, high):
+    """A range in whole percent: 86% where both ends round alike, else 84-88%."""
+    low, high = round(100 * low), round(100 * high)
+    return f"{low}%" if low == high else f"{low}-{high}%"
+
+
+def is_ratio(row):
+    return row["published"] < 1.5
+
+
+def check_markdown(rows):
+    lines = ["| curve | nodes | published | model | error | reading error | term |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        strong = [f"{r['strong_samples_per_s']:.0f}", percent(r["strong_efficiency"])] \
-            if r["strong_efficiency"] is not None else ["-", "-"]
-        lines.append(f"| {r['gpus']} | {r['nodes']} | {r['buckets']} | {r['compute_ms']:.1f} | {r['exposed_ms']:.1f} | "
-                     f"{r['samples_per_s']:.0f} | {percent(r['weak_efficiency'])} | " + " | ".join(strong) + " |")
+        if is_ratio(r):
+            values = [percent(r["published"]), percent(r["model"]), f"{100 * r['error']:+.1f} points".replace(
+                "-0.0", "+0.0"), f"±{100 * r['reading']:.1f} points"]
+        else:
+            values = [f"{r['published']:.0f}", f"{r['model']:.0f}", signed(r["error"]),
+                      f"±{100 * r['reading']:.1f}%" if r["reading"] else "-"]
+        term = f"**{r['term']}**" if r["fitted"] else r["term"]
+        lines.append(f"| {r['curve']} | {r['nodes']} | " + " | ".join(values) + f" | {term} |")
     return "\n".join(lines)
 
 
-def check_markdown(fit):
-    lines = ["| published run (original tutorial, Perlmutter A100) | published | model | error | term |",
-             "|---|---|---|---|---|"]
-    for r in fit["rows"]:
-        show = percent if r["published"] < 1.5 else (lambda v: f"{v:.0f} samples/s")
-        lines.append(f"| {r['label']} | {show(r['published'])} | {show(r['predicted'])} | "
-                     f"{signed(r['error'])} | {r['term']} |")
+def scaling_markdown(rows):
+    lines = ["| GPUs | nodes | buckets | compute ms | DDP on the GPU ms | exposed network ms | loader ms | "
+             "synthetic samples/s | synthetic efficiency | real-data samples/s | real-data efficiency |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['gpus']} | {r['nodes']} | {r['buckets']} | {r['compute_ms']:.1f} | {r['ddp_gpu_ms']:.1f} | "
+                     f"{r['exposed_ms']:.1f} | {r['loader_ms']:.1f} | {r['synthetic_samples_per_s']:.0f} | "
+                     f"{percent(r['synthetic_efficiency'])} | {r['samples_per_s']:.0f} | "
+                     f"{percent(r['weak_efficiency'])} |")
     return "\n".join(lines)
 
 
 def knobs_markdown(ranked):
-    lines = ["| knobs on bs64_opt (local batch 64, 25 MB buckets) | predicted efficiency at 32 nodes |", "|---|---|"]
-    for name, value in ranked:
-        lines.append(f"| {name} | {percent(value)} |")
+    lines = ["| knobs on bs64_opt (local batch 64, 25 MB buckets) | real data at 32 nodes | "
+             "synthetic data at 32 nodes |",
+             "|---|---|---|"]
+    for name, real, synthetic in ranked:
+        lines.append(f"| {name} | {whole(*real)} | {whole(*synthetic)} |")
     return "\n".join(lines)
 
 
 def plot(series, path, title):
-    """Two panels in the style of benchmarks.plot_scaling: throughput against the ideal line, and
-    weak- and strong-scaling efficiency; ``series`` maps a label to scaling_table rows."""
+    """Weak scaling: samples/s against the ideal line, and the efficiency, with real and synthetic data;
+    ``series`` maps a label to scaling_table rows."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -434,14 +614,13 @@ def plot(series, path, title):
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
     for (label, rows), color in zip(series.items(), ("C0", "C1", "C2", "C3")):
         gpus = [r["gpus"] for r in rows]
-        left.plot(gpus, [r["samples_per_s"] for r in rows], "o-", color=color, label=label, markersize=4)
-        left.plot(gpus, [g * rows[0]["samples_per_s"] for g in gpus], ":", color=color)
-        right.plot(gpus, [100 * r["weak_efficiency"] for r in rows], "o-", color=color, markersize=4,
-                   label=f"{label}, weak")
-        strong = [r for r in rows if r["strong_efficiency"] is not None]
-        right.plot([r["gpus"] for r in strong], [100 * r["strong_efficiency"] for r in strong], "s--",
-                   color=color, markersize=3, label=f"{label}, strong")
-    left.plot([], [], ":", color="gray", label="ideal (N x one GPU)")
+        for key, efficiency, style, kind in (("samples_per_s", "weak_efficiency", "o-", "real data"),
+                                             ("synthetic_samples_per_s", "synthetic_efficiency", "s--", "synthetic")):
+            left.plot(gpus, [r[key] for r in rows], style, color=color, label=f"{label}, {kind}", markersize=3)
+            right.plot(gpus, [100 * r[efficiency] for r in rows], style, color=color, markersize=3,
+                       label=f"{label}, {kind}")
+        left.plot(gpus, [g * rows[0]["synthetic_samples_per_s"] for g in gpus], ":", color=color)
+    left.plot([], [], ":", color="gray", label="ideal (N x one GPU, synthetic)")
     for axis in (left, right):
         axis.set_xscale("log", base=2)
         axis.set_xticks(GPU_COUNTS, [str(n) for n in GPU_COUNTS])
@@ -451,11 +630,11 @@ def plot(series, path, title):
     left.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     left.set_ylabel("samples/s (weak scaling)")
     left.set_title(title, fontsize=9)
-    left.legend(fontsize=7)
-    right.set_ylabel("scaling efficiency (%)")
+    left.legend(fontsize=6)
+    right.set_ylabel("weak-scaling efficiency (%)")
     right.set_ylim(0, 105)
-    right.set_title("predicted efficiency: weak and strong (global batch 1024)", fontsize=9)
-    right.legend(fontsize=7)
+    right.set_title("predicted efficiency (against N GPUs alone)", fontsize=9)
+    right.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -514,58 +693,70 @@ def cpu_markdown(check):
     return "\n".join(lines)
 
 
-def knob_table(machine, one_gpu_rate):
-    """Each knob alone, best first, and then the best combination of knobs."""
-    ranked = best_first(rank_knobs(machine, one_gpu_rate))
-    singles = [item for item in ranked if item[0].count("--") <= 1]
-    combined = [item for item in ranked if item[0].count("--") > 1]
-    return singles + combined[:1]
-
-
-def best_first(ranked):
-    """The knob settings best first; among equal efficiencies (to 0.1%), the fewest knobs first."""
-    return sorted(ranked, key=lambda item: (-round(item[1], 3), item[0].count("--")))
+def predicted_tables(share, hop):
+    """bs64_opt's weak scaling on each machine, the network as fitted, to 32 nodes: as far as the fit
+    reaches (beyond it the ring form is an extrapolation: NCCL may switch to its tree, whose latency
+    grows with log2 of the nodes)."""
+    return {name: scaling_table(fitted_machine(share, hop, machine), 64, ONE_GPU_RATE[name],
+                                counts=[g for g in GPU_COUNTS if g <= 32 * machine.gpus_per_node])
+            for name, machine in MACHINES.items()}
 
 
 def report(out_dir, image=None):
     """Everything the README quotes, one markdown table per file in ``out_dir`` (check.md, cpu.md,
     perlmutter.md, h100.md, knobs-*.md) and all of it in report.json; and the plot (``image``)."""
-    fit = fit_published()
-    share = fit["network_share"]
-    machines = {"perlmutter": resolve_machine("perlmutter", share)[0], "h100": resolve_machine("h100", share)[0],
-                "h100-datasheet": MACHINES["h100"]}
-    rates = {"perlmutter": ONE_GPU_RATE["perlmutter"], "h100": ONE_GPU_RATE["h100"],
-             "h100-datasheet": ONE_GPU_RATE["h100"]}
-    tables = {name: scaling_table(machines[name], 64, rates[name]) for name in ("perlmutter", "h100")}
-    knobs = {name: knob_table(machines[name], rates[name]) for name in machines}
+    share, hop = fit()
+    rows = check_rows(share, hop)
+    fits = {f"{r}/{s}": fit(r, s) for r, s in FIT_POINTS}
+    machines = {"perlmutter": fitted_machine(share, hop), "h100": fitted_machine(share, hop, H100)}
+    tables = predicted_tables(share, hop)
+    knobs = {name: knob_table(name) for name in machines}
     cpu = cpu_check()
-    result = {"command": "python -m benchmarks.scaling_model --report", "network_share": share,
-              "rate_16": fit["rate_16"], "check": fit["rows"], "cpu": cpu, "tables": tables,
-              "knobs": {name: [{"knobs": k, "efficiency": e} for k, e in ranked] for name, ranked in knobs.items()}}
+    result = {"command": "python -m benchmarks.scaling_model --report", "network_share": share, "ring_step_s": hop,
+              "fits": {key: {"network_share": s, "ring_step_s": h} for key, (s, h) in fits.items()},
+              "one_gpu_rate": A100_RATE, "loader_rate": PERLMUTTER.loader_rate, "reading_error": READING_ERROR,
+              "check": rows, "cpu": cpu, "tables": tables,
+              "knobs": {name: [{"knobs": k, "real": list(r), "synthetic": list(s)} for k, r, s in ranked]
+                        for name, ranked in knobs.items()}}
     made = ("Made by `python -m benchmarks.scaling_model --report`: a computation from published and "
             "committed numbers, the same on any machine.")
+    shares = [s for s, _ in fits.values()]
+    hops = [h for _, h in fits.values()]
+    network = (f"the network at {percent(share)} of Slingshot 11's 100 GB/s per node and {1e6 * hop:.1f} us per ring "
+               f"step (fitted to the 32-node runs; the fits to the 8- and 16-node runs give {whole(min(shares), max(shares))} "
+               f"and {1e6 * min(hops):.1f}-{1e6 * max(hops):.1f} us)")
     texts = {
-        "check": (f"# The model against the original tutorial's published numbers\n\n{made}\n\n{check_markdown(fit)}"
-                  f"\n\nFitted: one A100's samples/s at local batch 16, {fit['rate_16']:.0f} (782 at local batch 64 is "
-                  f"published); the share of Slingshot 11's 100 GB/s per node that NCCL reached, {percent(share)}.\n"),
+        "check": (f"# The model against the original tutorial's final scaling curves\n\n{made} The published points "
+                  "are read off the original's plots (NERSC/sc22-dl-tutorial commit 2074095, 2022-11-12) by "
+                  "`python -m benchmarks.read_scaling_plots`, into `benchmarks/sc22_scaling_points.json`; "
+                  f"reading error ±{READING_ERROR:.0f} samples/s.\n\n{check_markdown(rows)}\n\n"
+                  f"Inputs: one A100 computes {A100_RATE:.0f} samples/s (synthetic --noddp), its loader delivers "
+                  f"{PERLMUTTER.loader_rate:.0f} (the loader-alone ideal line). Fitted: the share of Slingshot 11's "
+                  f"100 GB/s per node that the all-reduce's bytes reached, {percent(share)}; one ring step across "
+                  f"the network, {1e6 * hop:.1f} us.\n"),
         "cpu": (f"# The model against this project's CPU measurements\n\n{made} The step times are "
                 f"[{CPU_SCALING}](../{CPU_SCALING}/README.md)'s; the gloo profiles are "
                 "[two-ranks-one-machine](../allreduce/two-ranks-one-machine.md) and "
                 "[two-nodes-slurm](../allreduce/two-nodes-slurm.md).\n\n" + cpu_markdown(cpu) + "\n"),
         "perlmutter": (f"# bs64_opt weak scaling on Perlmutter, predicted\n\n{made} Local batch 64, 25 MB buckets, "
-                       f"one A100 at 782 samples/s, the network at the fitted {percent(share)} of its datasheet; "
-                       "strong scaling: global batch 1024 at the same samples/s per GPU.\n\n"
-                       + scaling_markdown(tables["perlmutter"]) + "\n"),
-        "h100": (f"# bs64_opt weak scaling on DGX H100 nodes, predicted\n\n{made} Local batch 64, 25 MB buckets, "
-                 f"one H100 at 782 x 989 / 312 = {rates['h100']:.0f} samples/s (the A100's model FLOP "
-                 f"utilisation), the network at the share fitted on Perlmutter ({percent(share)}).\n\n"
-                 + scaling_markdown(tables["h100"]) + "\n"),
+                       f"one A100 computing {A100_RATE:.0f} samples/s and loading {PERLMUTTER.loader_rate:.0f}, "
+                       f"{network}.\n\n" + scaling_markdown(tables["perlmutter"]) + "\n"),
+        "h100": (f"# bs64_opt weak scaling on DGX H100 nodes, predicted\n\n{made} Local batch 64, 25 MB buckets, one "
+                 f"H100 computing {ONE_GPU_RATE['h100']:.0f} samples/s (the A100's {A100_RATE:.0f} x 2.15, its memory "
+                 f"bandwidth's gain; x 3.17, its fp16 peak's, would give {A100_RATE * 989 / 312:.0f}), its loader "
+                 f"bound at the A100's 937 samples/s, the network at Perlmutter's fitted share of its datasheet "
+                 f"and ring step (an assumption).\n\n" + scaling_markdown(tables["h100"]) + "\n"),
     }
     for name, ranked in knobs.items():
-        network = "network at its datasheet bandwidth" if name.endswith("datasheet") else "network at the fitted share"
-        texts[f"knobs-{name}"] = (f"# The knobs at 32 nodes ({32 * machines[name].gpus_per_node} GPUs): "
-                                  f"{machines[name].name}, {network}"
-                                  f"\n\n{made}\n\n" + knobs_markdown(ranked) + "\n")
+        gpus = 32 * machines[name].gpus_per_node
+        extra = "" if name == "perlmutter" else \
+            "; and over the H100's compute rate, its A100's scaled by memory bandwidth (2.15x) to peak (3.17x)"
+        texts[f"knobs-{name}"] = (f"# The knobs at 32 nodes ({gpus} GPUs): {machines[name].name}\n\n{made} Weak-scaling "
+                                  "efficiency against as many GPUs alone, in whole percent; a range where the fits "
+                                  "the published points allow (the network's share from the real-data run at 8, 16 "
+                                  f"or 32 nodes: {whole(min(shares), max(shares))} of the datasheet's bandwidth; "
+                                  "the ring step from the synthetic run at 16 or 32) give different values"
+                                  f"{extra}.\n\n" + knobs_markdown(ranked) + "\n")
     os.makedirs(out_dir, exist_ok=True)
     for name, text in texts.items():
         with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
@@ -578,11 +769,9 @@ def report(out_dir, image=None):
 
 
 def figure(path, tables=None):
-    """The README's plot: bs64_opt on Perlmutter and on DGX H100 nodes, the network at the fitted share."""
+    """The README's plot: bs64_opt on Perlmutter and on DGX H100 nodes, the network as fitted."""
     if tables is None:
-        share = fit_published()["network_share"]
-        tables = {name: scaling_table(resolve_machine(name, share)[0], 64, ONE_GPU_RATE[name])
-                  for name in ("perlmutter", "h100")}
+        tables = predicted_tables(*fit())
     plot({"Perlmutter A100 (network as fitted)": tables["perlmutter"],
           "DGX H100 (network at the same share)": tables["h100"]}, path,
          "bs64_opt weak scaling, local batch 64, predicted")
@@ -592,10 +781,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--machine", choices=sorted(MACHINES), default="perlmutter")
-    parser.add_argument("--one_gpu_rate", type=float, help="one GPU's samples/s at this local batch (default: "
-                        "782, the original's A100 at local batch 64; on h100 that times 989/312)")
+    parser.add_argument("--one_gpu_rate", type=float, help="one GPU's samples/s at this local batch when it only "
+                        f"computes (default: {A100_RATE:.0f}, the original's A100; on h100 that times 2.15)")
     parser.add_argument("--local_batch_size", type=int, default=64)
-    parser.add_argument("--global_batch_size", type=int, default=1024, help="for the strong-scaling columns")
+    parser.add_argument("--grad_accum_steps", type=int, default=1)
     parser.add_argument("--bucket_cap_mb", type=float, default=25.0)
     parser.add_argument("--first_bucket_mb", type=float, default=1.0, help="DDP's first bucket (1 MiB in the "
                         "original's torch)")
@@ -603,34 +792,47 @@ def main(argv=None):
     parser.add_argument("--disable_broadcast_buffers", action="store_true")
     parser.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp")
     parser.add_argument("--network_share", default="fitted", help="the share of the datasheet's network "
-                        "bandwidth reached, a number or 'fitted' (to the original's 32-node run)")
-    parser.add_argument("--check", action="store_true", help="print the check against the published numbers")
-    parser.add_argument("--knobs", action="store_true", help="print the knobs' ranking at 32 nodes")
+                        "bandwidth reached, a number or 'fitted' (to the original's 32-node runs)")
+    parser.add_argument("--network", help="a machine profile measured by benchmarks.allreduce (JSON with "
+                        "latency_us and busbw_GBps): the network as measured, in place of the datasheet")
+    parser.add_argument("--check", action="store_true", help="print every published point with the model's value")
+    parser.add_argument("--json", action="store_true", help="with --check: a JSON list instead of a table")
+    parser.add_argument("--knobs", action="store_true", help="print the knobs' efficiencies at 32 nodes")
     parser.add_argument("--report", action="store_true", help="write benchmarks/results/scaling_model/ and "
                         "tutorial_images/scaling_model.png")
     parser.add_argument("--out", help="a plot of the scaling table (png)")
     args = parser.parse_args(argv)
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if args.report:
-        report(os.path.join(root, "benchmarks", "results", "scaling_model"),
-               os.path.join(root, "tutorial_images", "scaling_model.png"))
+        report(os.path.join(ROOT, "benchmarks", "results", "scaling_model"),
+               os.path.join(ROOT, "tutorial_images", "scaling_model.png"))
         print("wrote benchmarks/results/scaling_model/ and tutorial_images/scaling_model.png")
         return
     if args.check:
-        print(check_markdown(fit_published()))
+        rows = check_rows()
+        if args.json:
+            print(json.dumps([{key: row[key] for key in ("curve", "nodes", "published", "model", "fitted", "term",
+                                                         "error")} for row in rows], indent=1))
+        else:
+            print(check_markdown(rows))
         return
-    machine, share = resolve_machine(args.machine, args.network_share)
+    try:
+        machine, share = resolve_machine(args.machine, args.network_share, args.network)
+    except (OSError, ValueError, json.JSONDecodeError) as error:
+        parser.exit(2, f"scaling_model: cannot use --network {args.network}: {error}. Give the JSON file that "
+                       "`python -m benchmarks.allreduce` writes (it holds latency_us and busbw_GBps).\n")
     rate = args.one_gpu_rate or ONE_GPU_RATE[args.machine]
     if args.knobs:
-        print(knobs_markdown(knob_table(machine, rate)))
+        print(knobs_markdown(knob_table(args.machine, machine if args.network else None)))
         return
     options = {"bucket_cap_mb": args.bucket_cap_mb, "first_bucket_mb": args.first_bucket_mb,
                "ddp_comm_hook": args.ddp_comm_hook, "broadcast_buffers": not args.disable_broadcast_buffers,
-               "parallel": args.parallel}
-    rows = scaling_table(machine, args.local_batch_size, rate, args.global_batch_size, **options)
-    print(f"{machine.name}: one GPU at {rate:.0f} samples/s, the network at {percent(share)} of its datasheet "
-          f"bandwidth; local batch {args.local_batch_size}, " + " ".join(f"{k}={v}" for k, v in options.items()) + "\n")
+               "parallel": args.parallel, "grad_accum_steps": args.grad_accum_steps}
+    rows = scaling_table(machine, args.local_batch_size, rate, **options)
+    network = f"the network at {percent(share)} of its datasheet bandwidth" if share is not None else \
+        f"the network measured ({machine.source})"
+    print(f"{machine.name}: one GPU computing {rate:.0f} samples/s, {network}; local batch {args.local_batch_size}, "
+          + " ".join(f"{k}={v}" for k, v in options.items()) + "\n")
     print(scaling_markdown(rows))
     if args.out:
         plot({machine.name: rows}, args.out, f"local batch {args.local_batch_size}, predicted")

@@ -15,7 +15,7 @@
 - ``scaling_<folder>.png``: weak- or strong-scaling throughput and communication overhead of each committed
   ``benchmarks/results/scaling/<folder>/`` with two sizes or more (written by ``python -m
   benchmarks.scaling``).
-- ``scaling_model.png``: bs64_opt's weak and strong scaling on Perlmutter and DGX H100 nodes as
+- ``scaling_model.png``: bs64_opt's weak scaling (real and synthetic data) on Perlmutter and DGX H100 nodes as
   ``benchmarks/scaling_model.py`` predicts them.
 - ``domain_halo.png``: the blocks of a crop split over ``--domain_mesh=[2,2,1]`` and one rank's halo,
   drawn from the code's own block arithmetic (``utils/distributed.py``) and halo width (``utils/halo.py``).

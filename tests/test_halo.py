@@ -94,13 +94,42 @@ def test_the_small_unet_at_128_on_blocks_equals_the_undivided_one(mesh, tmp_path
         assert result["gathers"] == []  # only point-to-point halo messages: no collective on the way
 
 
+# What PyTorch's DTensor does with a Conv3d(kernel 4, stride 2, padding 1) on an input sharded along a
+# spatial axis over two gloo ranks, as run by tests/domain_worker.py dtensor (2026-11-25): torch 2.4.1
+# refuses every axis with this error; torch 2.13.0 returns, without an error, half the outputs along
+# the sharded axis (shape [1,5,4,8,8] for [1,5,8,8,8] when depth is sharded).
+DTENSOR_REFUSES = "RuntimeError: Stride must be 1 when there is padding for tensor parallel convolution"
+
+
+def dtensor_behaviour(outcome, dim):
+    """'raises' (the 2.4 error), 'half' (half the outputs along ``dim``, no error) or what it is."""
+    if outcome.get("raised", "").startswith(DTENSOR_REFUSES):
+        return "raises"
+    half = list(outcome.get("expected", []))
+    if half:
+        half[dim] //= 2
+    if "raised" not in outcome and outcome.get("shape") == half:
+        return "half"
+    return repr(outcome)
+
+
 def test_pytorch_dtensor_convolution_is_not_the_halo_exchange(tmp_path):
-    """Why utils/halo.py exists: a DTensor sharded along a spatial axis goes through conv3d without an
-    error and comes back the wrong shape (half the outputs along the sharded axis, torch 2.13). If a
-    PyTorch release gets this right, this test fails: then DTensor is worth another look."""
-    for dim, outcome in run_ranks("dtensor", [1, 1, 1], tmp_path)[0].items():
-        correct = outcome.get("shape") == outcome.get("expected") and outcome.get("error", 1) < 1e-12
-        assert not correct, (dim, outcome)
+    """Why utils/halo.py exists: DTensor has no halo exchange. Exactly what the installed torch does:
+    torch 2.4 raises DTENSOR_REFUSES on every axis; torch 2.13 silently returns half the outputs along
+    the sharded axis; the releases between, not run here, must do one or the other on all three axes.
+    A torch that does something else (a correct result, say) fails this test: then DTensor is worth
+    another look."""
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    seen = {dim: dtensor_behaviour(outcome, int(dim)) for dim, outcome in
+            run_ranks("dtensor", [1, 1, 1], tmp_path)[0].items()}
+    assert sorted(seen) == ["2", "3", "4"]
+    if version == (2, 4):
+        expected = {"raises"}
+    elif version >= (2, 13):
+        expected = {"half"}
+    else:
+        expected = {"raises", "half"}
+    assert len(set(seen.values())) == 1 and set(seen.values()) <= expected, (torch.__version__, seen)
 
 
 def test_no_mesh_leaves_the_model_untouched():

@@ -466,6 +466,8 @@ def check_domain(scratch, output):
     assert [(row["crop"], row["ranks"]) for row in rows] == [(128, 1), (128, 2)]
     assert all(row["saved_bytes"] == row["predicted_saved_bytes"] for row in rows), rows
     assert rows[1]["halo_bytes"] == rows[1]["predicted_halo_bytes"] > 0
+    assert rows[1]["halo_bytes_busiest"] == rows[1]["predicted_halo_busiest"] == rows[1]["halo_bytes"] // 2
+    assert "| halo, all ranks (MiB) |" in output and "| halo, busiest rank (MiB) |" in output
 
 
 # The README command, exactly as extracted (one line, single spaces), and how it is run.
@@ -547,7 +549,8 @@ RUN = {
     "--lr_scaling=sqrt --warmup_steps=32 --bucket_cap_mb=100 --ddp_comm_hook=bf16": Run(
         append=TINY, check=check_run("demo", devices="2CPU", global_batch_size=16, warmup_steps=32,
                                      ddp_comm_hook="bf16")),
-    "python -m benchmarks.scaling_model --check": Run(data=False, check=check_output("| 32 nodes, local batch 64")),
+    "python -m benchmarks.scaling_model --check": Run(data=False, check=check_output("| real | 32 | 74242 | 74242 |")),
+    "python -m benchmarks.scaling_model --check --json": Run(data=False, check=check_output('"curve": "synthetic_noddp"')),
     "python -m benchmarks.scaling_model --knobs": Run(data=False, check=check_output("| --ddp_comm_hook=bf16 |")),
     "python -m benchmarks.scaling_model --machine h100 --local_batch_size=128 --ddp_comm_hook=bf16 --out model.png": Run(
         data=False, check=check_png("model.png")),
@@ -711,35 +714,52 @@ def test_readme_command_runs_on_cpu(command, tmp_path, readme_data):
 
 
 def test_scaling_model_prose_is_that_of_its_report():
-    """The numbers the README's scaling-model section states in words come from the committed report
-    (benchmarks/results/scaling_model/report.json) or from the model's code, as its tables do."""
+    """The numbers the scaling-model chapter states in words come from the committed report
+    (benchmarks/results/scaling_model/report.json), the committed plot reading or the model's code,
+    as its tables do."""
     from benchmarks import scaling_model as model
 
     text = " ".join(section("# A scaling model on paper").split())  # line breaks as spaces
     with open(os.path.join(ROOT, "benchmarks", "results", "scaling_model", "report.json")) as f:
         report = json.load(f)
-    assert f"trains only {report['rate_16']:.0f} samples/s at local batch 16" in text
-    assert f"NCCL reached {100 * report['network_share']:.1f}% of Slingshot 11's" in text
+    rows = {(r["curve"], r["nodes"]): r for r in report["check"]}
+    assert f"±{report['reading_error']:.0f} samples/s" in text
+    assert f"one A100 computes {report['one_gpu_rate']:.0f} samples/s" in text
+    assert f"its loader delivers {report['loader_rate']:.0f}" in text
+    assert f"reached {100 * report['network_share']:.1f}% of Slingshot 11's 100 GB/s per node" in text
+    assert f"a ring step across the network cost {1e6 * report['ring_step_s']:.1f} us" in text
+    shares = [f["network_share"] for f in report["fits"].values()]
+    steps = [1e6 * f["ring_step_s"] for f in report["fits"].values()]
+    assert f"{100 * min(shares):.0f}% to {100 * max(shares):.0f}% of the datasheet's" in text
+    assert f"{min(steps):.1f} to {max(steps):.1f} us" in text
     network = model.unet()
     total = sum(g.bytes for g in network.gradients)
     ready = sum(g.bytes for g in network.gradients if 0.66 <= g.ready <= 0.74) / total
-    early = sum(g.bytes for g in network.gradients if g.ready < 0.58) / model.MIB
+    before = sum(g.bytes for g in network.gradients if g.ready < 0.66) / model.MIB
+    after = sum(g.bytes for g in network.gradients if g.ready > 0.74) / model.MIB
     assert f"{100 * ready:.0f}% of the gradient bytes become ready between 66% and 74%" in text
-    assert f"only the last layers' {early:.0f} MiB earlier" in text
+    assert f"about {before:.0f} MiB before and {after:.0f} MiB after" in text
     assert f"{total / 1e6:.0f} MB of fp32 gradients" in text
-    step = {batch: batch / model.ONE_GPU_RATE["perlmutter"] for batch in (64, 128)}
-    lost = {row["local_batch"]: 1e3 * step[row["local_batch"]] * (1 / row["efficiency"] - 1)
-            for row in model.PUBLISHED if "efficiency" in row}
-    machine, _ = model.resolve_machine("perlmutter", report["network_share"])
-    exposed = 1e3 * model.step_time(machine, 128, 128, model.ONE_GPU_RATE["perlmutter"]).exposed
-    assert f"about {lost[64]:.0f} ms at local batch 64 and {lost[128]:.0f} ms at 128" in text
-    assert f"loses {exposed:.1f} ms" in text
-    assert "at the full datasheet bandwidth every setting is above 99%" in text
-    h100 = {k["knobs"]: k["efficiency"] for k in report["knobs"]["h100"]}
-    baseline = h100.pop("bs64_opt as published (the baseline)")
-    assert f"{100 * baseline:.1f}% at 32 nodes (256 GPUs), and the same knobs pass 95%" in text
-    assert min(h100[k] for k in ("--ddp_comm_hook=bf16", "--local_batch_size=128", "--parallel=fsdp")) > 0.95
-    assert min(k["efficiency"] for k in report["knobs"]["h100-datasheet"]) > 0.99
+    machine = model.fitted_machine(report["network_share"], report["ring_step_s"])
+    step = model.step_time(machine, 128, 64, report["one_gpu_rate"])
+    assert f"{1e3 * step.ddp_gpu:.1f} ms per step that the backward pass does not hide" in text
+    slower = 1 - model.CURVES["synthetic"][1] / (model.CURVES["synthetic_noddp"][32] / 32)
+    assert f"synthetic data runs {100 * slower:.0f}% slower with DDP" in text
+    apart = model.dataclasses.replace(machine, loader_shares_network=False)
+    missed = model.curve_model("real", 8, apart) / model.CURVES["real"][8] - 1
+    assert f"misses the real-data run at 8 nodes by {100 * missed:.0f}%" in text
+    busy = step.loader - 64 / machine.loader_rate
+    assert f"the loader's {1e3 * 64 / machine.loader_rate:.0f} ms plus the {1e3 * busy:.0f} ms" in text
+    assert f"{model.CURVES['real'][32]:.0f} / {model.CURVES['loader_ideal'][32]:.0f} = " \
+           f"{100 * model.CURVES['real'][32] / model.CURVES['loader_ideal'][32]:.1f}%" in text
+    for key in (("synthetic", 16), ("4_gpus_local_batch_16", 1)):
+        assert f"({100 * rows[key]['error']:+.1f}%)" in text, key
+    overhead = [100 * rows[("comm_overhead_synthetic", n)]["published"] for n in (8, 16)]
+    assert f"from {overhead[0]:.1f}% to {overhead[1]:.1f}% between 8 and 16 nodes" in text
+    one_node = next(r for r in report["tables"]["perlmutter"] if r["gpus"] == 4)
+    assert f"only DDP's work on the GPU costs ({100 * (1 - one_node['synthetic_efficiency']):.0f}%)" in text
+    h100 = {k["knobs"]: k for k in report["knobs"]["h100"]}["bs64_opt as published (the baseline)"]
+    assert f"{100 * h100['synthetic'][0]:.0f}-{100 * h100['synthetic'][1]:.0f}% for bs64_opt" in text
 
 
 # Commands run here whose inputs come from README commands that are not (the sbatch loop of the

@@ -28,7 +28,7 @@ def test_one_gpu_takes_the_compute_time():
 def test_free_communication_scales_perfectly():
     for row in model.scaling_table(FREE, 64, 800.0):
         assert row["weak_efficiency"] == pytest.approx(1.0) and row["exposed_ms"] == 0
-        assert row["strong_efficiency"] in (None, pytest.approx(1.0))
+        assert row["synthetic_efficiency"] == pytest.approx(1.0) and row["ddp_gpu_ms"] == 0
 
 
 def test_a_ring_moves_2_n_minus_1_over_n_of_the_bytes():
@@ -84,7 +84,7 @@ def test_unet_gradients_and_buckets_are_the_original_ones():
     assert network.forward_share == pytest.approx(27.2 / 80.5, abs=0.002)  # REFERENCE.md's FLOPs
     assert len(model.buckets(network, 25)) == 8 and len(model.buckets(network, 100)) == 5
     assert [round(size / model.MIB) for size, _ in model.buckets(network, 100, first_bucket_mb=100)] == \
-        [212, 128, 104, 2]  # torch 2.13 with an explicit bucket_cap_mb: no 1 MiB first bucket
+        [212, 128, 104, 2]  # a torch since PyTorch #121640 (2024) with an explicit bucket_cap_mb: no 1 MiB bucket
     assert len(model.buckets(network, 25, first_bucket_mb=25)) == 7
     readies = [g.ready for g in network.gradients]
     assert readies == sorted(readies) and readies[-1] == pytest.approx(1.0)
@@ -148,12 +148,57 @@ def test_the_buckets_are_those_of_a_real_ddp():
     assert counts == predicted and len(set(counts.values())) > 1
 
 
-def test_the_published_numbers_within_their_tolerance():
-    fit = model.fit_published()
-    assert [row["term"].split(":")[0] for row in fit["rows"]] == ["fitted", "predicted", "fitted", "predicted"]
-    for row in fit["rows"]:
-        assert abs(row["error"]) <= row["tolerance"], row
-    assert 0 < fit["network_share"] < 1 and 300 < fit["rate_16"] < 782  # a small batch uses an A100 less well
+# The largest error each predicted curve makes today (relative; points for the ratios): a change of the
+# model that makes any of them worse fails. Where a bound is wider than the reading error, the
+# README's scaling chapter says what the model misses there.
+TOLERANCE = {"real": 0.04, "synthetic": 0.051, "real_noddp": 0.025, "synthetic_noddp": 0.005, "loader": 0.025,
+             "comm_overhead_real": 0.033, "comm_overhead_synthetic": 0.047,
+             "efficiency_real (README text)": 0.03, "comm_overhead_real (README text)": 0.012,
+             "4_gpus_local_batch_16": 0.30, "8_gpus_local_batch_16": 0.031}
+
+
+def test_every_published_point_is_predicted_or_named_as_fitted():
+    """Two inputs, two fitted terms, each reproduced exactly; every other point of the final curves
+    predicted within its curve's tolerance; every curve of the plots there."""
+    rows = model.check_rows()
+    fitted = {(r["curve"], r["nodes"]): r["term"] for r in rows if r["fitted"]}
+    assert fitted == model.TERMS and sum(t.startswith("fitted") for t in fitted.values()) == 2
+    for row in rows:
+        if row["fitted"]:
+            assert abs(row["error"]) < 1e-6, row
+        else:
+            assert abs(row["error"]) <= TOLERANCE[row["curve"]], row
+    predicted = {r["curve"] for r in rows if not r["fitted"]}
+    assert {"real", "synthetic", "real_noddp", "synthetic_noddp", "loader", "comm_overhead_real",
+            "comm_overhead_synthetic", "4_gpus_local_batch_16", "8_gpus_local_batch_16"} <= predicted
+    assert sorted(r["nodes"] for r in rows if r["curve"] == "synthetic") == [1, 8, 16, 32]  # what the plots show apart
+    share, hop = model.fit()
+    assert 0.5 < share < 0.8 and 1e-6 < hop < 14e-6  # below the datasheet; a ring step under NCCL's own 14 us
+
+
+def test_without_the_loader_sharing_the_network_the_real_curve_is_missed():
+    """The model's one structural claim about real data: the loader's reads wait while the all-reduce's
+    bytes hold the network. Without it, the same fitted network leaves the real run at 8 nodes at the
+    loader's own rate, 12% above the published point."""
+    apart = dataclasses.replace(model.PERLMUTTER, loader_shares_network=False)
+    share, hop = model.fit()
+    value = model.curve_model("real", 8, model.fitted_machine(share, hop, apart))
+    assert value / model.CURVES["real"][8] - 1 > 2.5 * TOLERANCE["real"]  # +12%: the loader alone
+
+
+def test_check_prints_every_point_and_json_the_same(capsys):
+    model.main(["--check"])
+    table = capsys.readouterr().out
+    rows = model.check_rows()
+    assert table.count("\n| ") == len(rows) and "**fitted: one ring step's cost**" in table
+    model.main(["--check", "--json"])
+    listed = json.loads(capsys.readouterr().out)
+    keys = [(r["curve"], r["nodes"], r["fitted"]) for r in rows]
+    assert [(r["curve"], r["nodes"], r["fitted"]) for r in listed] == keys
+    assert {"curve", "nodes", "published", "model", "fitted"} <= set(listed[0])
+    for r in listed:
+        assert r["model"] == pytest.approx(r["published"] * (1 + r["error"]) if r["published"] > 1.5
+                                           else r["published"] + r["error"])
 
 
 def test_the_committed_report_is_what_the_model_computes(tmp_path):
@@ -162,7 +207,7 @@ def test_the_committed_report_is_what_the_model_computes(tmp_path):
     folder = os.path.join(ROOT, "benchmarks", "results", "scaling_model")
     with open(os.path.join(folder, "report.json")) as f:
         committed = json.load(f)
-    assert committed["check"] == [{**row, "predicted": pytest.approx(row["predicted"]),
+    assert committed["check"] == [{**row, "model": pytest.approx(row["model"]),
                                    "error": pytest.approx(row["error"], abs=1e-9)} for row in fresh["check"]]
     names = sorted(name for name in os.listdir(folder) if name.endswith(".md"))
     assert names == sorted(p.name for p in tmp_path.glob("*.md")) and "check.md" in names
@@ -171,12 +216,52 @@ def test_the_committed_report_is_what_the_model_computes(tmp_path):
             assert (tmp_path / name).read_text() == f.read(), name
 
 
-def test_knobs_ranked_at_32_nodes():
-    machine, _ = model.resolve_machine("perlmutter", "fitted")
-    ranked = dict(model.rank_knobs(machine, model.ONE_GPU_RATE["perlmutter"], combinations=False))
-    assert ranked["bs64_opt as published (the baseline)"] == pytest.approx(0.78, abs=0.001)  # the fit
-    assert ranked["--disable_broadcast_buffers"] == ranked["bs64_opt as published (the baseline)"]  # no buffers
-    assert ranked["--ddp_comm_hook=bf16"] > 0.92 and ranked["--local_batch_size=128"] > 0.92
+def test_knobs_at_32_nodes():
+    ranked = {name: (real, synthetic) for name, real, synthetic in model.knob_table("perlmutter")}
+    baseline = ranked["bs64_opt as published (the baseline)"]
+    assert round(100 * baseline[0][0]) <= 87 <= round(100 * baseline[0][1])  # the fitted 32-node run, 74200 / 85432
+    assert ranked["--disable_broadcast_buffers"] == baseline  # the U-Net has no buffers
+    for knob in ("--ddp_comm_hook=bf16", "--local_batch_size=128", "--grad_accum_steps=2"):
+        assert ranked[knob][0][0] > baseline[0][1], knob  # each recovers part of the loss with real data
+    assert all(low <= high for _, (low, high), _ in model.knob_table("h100"))
+
+
+def test_gradient_accumulation_hides_behind_one_backward_pass():
+    """K micro-batches per all-reduce: K times the compute and the loader's time, one all-reduce, which
+    only the last micro-batch's backward pass can hide: the exposed part does not shrink."""
+    machine = model.fitted_machine(*model.fit())
+    one = model.step_time(machine, 128, 64, 800.0)
+    two = model.step_time(machine, 128, 64, 800.0, grad_accum_steps=2)
+    assert two.compute == pytest.approx(2 * one.compute) and two.exposed == pytest.approx(one.exposed)
+    assert two.ddp_gpu == pytest.approx(one.ddp_gpu)
+    assert two.samples_per_s > one.samples_per_s and two.samples_per_s < 2 * one.samples_per_s
+
+
+def test_a_measured_network_profile_replaces_the_datasheet(tmp_path, capsys):
+    """--network reads benchmarks.allreduce's machine profile: its bus bandwidth across nodes and its
+    latency spread over a ring's 2(N-1) steps."""
+    profile = {"backend": "nccl", "world_size": 8, "nodes": 2, "latency_us": 70.0, "busbw_GBps": 20.0,
+               "rows": [{"bytes": 8, "time_us": 70.0, "algbw_GBps": 0.0, "busbw_GBps": 0.0}]}
+    path = tmp_path / "machine.json"
+    path.write_text(json.dumps(profile))
+    machine = model.network_profile(str(path))
+    assert machine.node_network_bw == 20.0 and machine.inter_latency == pytest.approx(70e-6 / 14)
+    assert machine.nvlink_bw == model.PERLMUTTER.nvlink_bw and machine.ring_only
+    size = 100e6
+    assert model.allreduce_time(size, 8, machine) == pytest.approx(
+        machine.call_latency + 2 * 7 / 8 * size / 20e9 + 14 * 70e-6 / 14)
+    model.main(["--network", str(path)])
+    slow = capsys.readouterr().out
+    assert "network measured" in slow and str(path) in slow
+    profile["busbw_GBps"] = 200.0
+    path.write_text(json.dumps(profile))
+    fast = model.scaling_table(model.network_profile(str(path)), 64, model.A100_RATE, counts=[128])[0]
+    slow_row = model.scaling_table(machine, 64, model.A100_RATE, counts=[128])[0]
+    assert fast["weak_efficiency"] > slow_row["weak_efficiency"]
+    path.write_text(json.dumps({"backend": "gloo"}))
+    with pytest.raises(SystemExit) as stopped:
+        model.main(["--network", str(path)])
+    assert stopped.value.code == 2 and "latency_us" in capsys.readouterr().err
 
 
 def test_command_line_prints_a_table(capsys, tmp_path):
@@ -249,3 +334,83 @@ def test_parse_writes_the_results_and_refuses_to_write_over_them(tmp_path, capsy
     with pytest.raises(SystemExit):
         allreduce.main(["--parse", str(tmp_path / "empty.out"), "--name", "x", "--out_dir", str(tmp_path / "o2")])
     assert not (tmp_path / "o2").exists()
+
+
+def test_first_bucket_detection_follows_the_ddp_signature(monkeypatch):
+    """A torch before PyTorch #121640 (2024) defaults bucket_cap_mb to 25 and keeps a 1 MiB first
+    bucket; since, it defaults to None and gives the first bucket a given cap whole."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    def before(self, module, device_ids=None, bucket_cap_mb=25):
+        pass
+
+    def since(self, module, device_ids=None, bucket_cap_mb=None):
+        pass
+
+    monkeypatch.setattr(DistributedDataParallel, "__init__", before)
+    assert model.first_bucket_mb_of_this_torch(100) == 1.0
+    monkeypatch.setattr(DistributedDataParallel, "__init__", since)
+    assert model.first_bucket_mb_of_this_torch(100) == 100.0
+
+
+def draw_like_the_original(path, curves):
+    """A plot in the original's style (matplotlib's defaults, 7 x 4.8 in at 100 dpi, grid, legend top
+    left, markers 'o'), of known values."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks import read_scaling_plots as reader
+
+    fig, ax = plt.subplots(figsize=(7, 4.8), dpi=100)
+    for name, colour, dashed in reader.PLOTS["comm"]:
+        ax.plot(reader.NODES, [curves[name][n] for n in reader.NODES], "o--" if dashed else "o-", color=colour,
+                label=name)
+    ax.set_xticks(reader.X_TICKS)
+    ax.set_yticks(reader.Y_TICKS)
+    ax.grid(True)
+    ax.legend(loc="upper left")
+    ax.set_xlabel("Nodes")
+    ax.set_title("weak scaling")
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def test_the_plot_reader_reads_a_plot_of_known_points(tmp_path):
+    """Points drawn by matplotlib in the original's style come back within 1.5 px (the reading error the
+    reader states); markers covered by others, or a lone marker of a colour two curves share, are not
+    read; at 16 and 32 nodes, where the markers stand apart, those of the four DDP and --noddp curves are."""
+    from benchmarks import read_scaling_plots as reader
+
+    per_node = {"real": 2320, "synthetic": 2830, "loader": 2610, "real_noddp": 2645, "synthetic_noddp": 3267}
+    curves = {name: {n: n * rate for n in reader.NODES} for name, rate in per_node.items()}
+    path = tmp_path / "comm.png"
+    draw_like_the_original(str(path), curves)
+    read, axes = reader.read_plot(str(path), "comm")
+    checked = 0
+    for name, points in read.items():
+        for n, value in points.items():
+            if value is not None:
+                assert abs(value - curves[name][n]) <= 1.5 * axes["samples_per_px"], (name, n, value)
+                checked += 1
+    assert all(read[name][n] is not None for name in ("real", "synthetic", "real_noddp", "synthetic_noddp")
+               for n in (16, 32))
+    assert checked >= 10
+
+
+def test_the_committed_points_are_the_readers_output_of_the_original_plots():
+    """benchmarks/sc22_scaling_points.json is what the reader makes of the original's two PNGs (not in
+    this repository; checked where they are at hand: SC22_PLOTS names their folder)."""
+    from benchmarks import read_scaling_plots as reader
+
+    folder = os.environ.get("SC22_PLOTS", os.path.join(ROOT, "..", "..", "shared", "sc22"))
+    eff, comm = (os.path.join(folder, f"scale_perf{name}.png") for name in ("Eff", "Comm"))
+    if not (os.path.exists(eff) and os.path.exists(comm)):
+        pytest.skip("the original's scaling plots are not here (set SC22_PLOTS to their folder)")
+    with open(os.path.join(ROOT, "benchmarks", "sc22_scaling_points.json")) as f:
+        committed = json.load(f)
+    fresh = json.loads(json.dumps(reader.rounded(reader.read(eff, comm))))
+    assert fresh == committed
+    assert committed["reading_error_px"] < 2
+    assert committed["comm"]["synthetic_noddp"]["32"] == pytest.approx(104545, abs=300)

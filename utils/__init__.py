@@ -12,9 +12,10 @@ def get_data_loader_distributed(params, world_rank, device=None, world_size=1, b
     """``(train_loader, val_loader)`` for ``params.data_loader_config``: rank ``world_rank``'s share.
 
     ``device`` is the training device (a ``torch.device``; None is the CPU). On a GPU the native
-    loaders pin their batches so that the copy to the device can overlap with compute,
-    ``gpu-inmem`` keeps the volumes on it and cuts the crops there, and ``dali-lowmem`` augments
-    there. ``world_size`` ranks share each epoch's samples. ``block`` (domain parallelism):
+    loaders pin their batches, so that the copy to the device leaves the host free (the copy still
+    runs on the compute stream, between steps: see train.py's ``to_device``), ``gpu-inmem`` keeps the
+    volumes on it and cuts the crops there, and ``dali-lowmem`` augments there. ``world_size`` ranks
+    share each epoch's samples. ``block`` (domain parallelism):
     ``(start, stop)`` per axis, the part of every turned crop this rank reads and trains on.
     """
     kind = params.data_loader_config

@@ -4,7 +4,10 @@ benchy (https://github.com/romerojosh/benchy, not the unrelated PyPI package of 
 the training data loader and turns the run's epochs into timed trials:
 
 - IO: the loader alone, iterated and discarded; the trials run before the first epoch.
-- SYNTHETIC: one batch fetched once and handed to training again and again: compute alone.
+- SYNTHETIC: one batch fetched once and handed to training again and again: the loader's time is
+  gone, the copy to the device is not. With a loader whose batches are on the GPU (``gpu-inmem``,
+  ``dali-lowmem``) that is compute alone; with a host loader (``synthetic``, ``inmem``, ``lowmem``)
+  every step still copies the batch from pinned host memory, on the compute stream.
 - FULL: real batches, real training.
 
 Each trial is ``nbatches`` batches; ``nwarmup`` untimed warm-up trials come before ``ntrials``

@@ -451,10 +451,12 @@ def wrap_ddp(model, params, device, graph_capture=False):
 def compression_hook(name, device):
     """torch's built-in DDP hook that sends gradients as fp16 or bf16: half the bytes on the wire.
 
-    The hooks cast each gradient bucket to 16 bits first and divide it by the world size after (in 16
-    bits), all-reduce it and copy the result back into the fp32 bucket. So an fp32 gradient above
-    fp16's largest value, 65504, becomes inf on the wire: with --amp_mode=fp16 the scaled gradients can
-    get there, and the gradient scaler then skips the step and lowers its scale. bf16 has fp32's range.
+    The hooks cast each gradient bucket to 16 bits, divide it by the world size (in 16 bits, before
+    the all-reduce), all-reduce it (a sum over all ranks in 16 bits) and copy the result back into
+    the fp32 bucket. So with fp16 a small gradient divided by the world size can underflow to zero,
+    and one above fp16's largest value, 65504, becomes inf on the wire: with --amp_mode=fp16 the
+    scaled gradients can get there, and the gradient scaler then skips the step and lowers its
+    scale. bf16 has fp32's range, but sums in 8 significant bits.
     """
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     if name == "fp16":
