@@ -160,7 +160,7 @@ stage_tests-cpu() {
 
 stage_ladder() {
     # The compile rung skips itself, with the reason, where the preflight's compiler check fails.
-    step ladder 470 "$PYTHON" -m benchmarks.ladder --data_dir "$DATA_DIR" --overwrite --nbatches 15 --ntrials 3 \
+    step ladder 490 "$PYTHON" -m benchmarks.ladder --data_dir "$DATA_DIR" --overwrite --nbatches 15 --ntrials 3 \
         --nwarmup 1
 }
 
