@@ -152,3 +152,15 @@ def test_train_py_counts_steps_and_samples_as_without_accumulation(data_files, t
     assert "Resumed from" in resumed.stdout and "at epoch 3, step 8" in resumed.stdout + resumed.stderr
     events = read_events(tmp_path / "test" / "1CPU" / "k2")
     assert [e.step for e in events.Scalars("Loss/train")] == [0, 4, 8, 12]
+
+
+@pytest.mark.slow
+def test_micro_batches_of_domain_blocks_train_as_one_undivided_process(tmp_path):
+    """Two ranks sharing every 64^3 sample ([2,1,1]), each batch of 2 in two micro-batches of 1 (halo
+    exchanges in each), against one process training whole batches: tests/test_domain_parallel.py's
+    comparison of every scalar, the weights and Adam's first moments."""
+    from test_domain_parallel import assert_same_training, torchrun
+    batches = ["--global_batch_size=2", "--Nsamples=6"]
+    one = torchrun(1, tmp_path, "one", *batches)
+    accumulated = torchrun(2, tmp_path, "mesh_k2", *batches, "--domain_mesh=[2,1,1]", "--grad_accum_steps=2")
+    assert_same_training(accumulated, one)
