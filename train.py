@@ -23,6 +23,7 @@ import torch
 from networks.UNet import UNet
 from utils import get_data_loader_distributed, lr_schedule
 from utils.YParams import data_parallel_size, load_params, write_yaml
+from utils.accumulation import GradAccumulation
 from utils.benchy import check_benchy_options, wrap_for_benchy
 from utils.checkpoint import CHECKPOINT_NAME, Checkpointer, load_checkpoint
 from utils.compiler import check_compiler
@@ -37,6 +38,7 @@ from utils.logging_utils import TensorBoard, config_logger, log_to_file
 from utils.losses import build_loss
 from utils.metrics import ValidationMetrics, format_metrics, power_spectrum_figure
 from utils.optim import Precision, build_optimizer, configure_tf32, set_learning_rate
+from utils.prefetch import device_prefetcher
 from utils.preview import render_preview, save_png
 from utils.profiling import DEFAULT_WINDOWS, Profiling, annotate, check_profiling_options
 from utils.progress import Progress
@@ -113,6 +115,16 @@ def claim_run_dir(params, world, device, argv):
     logging.info("Device: %s; %d rank(s); local batch %d; run directory %s", device, world.size,
                  params.global_batch_size // data_parallel_size(params.domain_mesh, world.size), run_dir)
     return run_dir
+
+
+def build_loaders(params, world, mesh, device, move):
+    """This rank's training and validation loaders (under a domain mesh: of its block of each crop).
+    On a GPU a host loader's batches are copied one batch ahead, on a side stream, while the step
+    computes (--device_prefetch, utils/prefetch.py); ``move`` is the copy, in the model's layout."""
+    logging.info("rank %d, begin data loader init", world.rank)
+    loaders = get_data_loader_distributed(params, mesh.data_rank, device, mesh.data_size, mesh.block)
+    logging.info("rank %d, data loader initialized with config %s", world.rank, params.data_loader_config)
+    return tuple(device_prefetcher(loader, params, device, move) for loader in loaders)
 
 
 def run_options(params, world):
@@ -226,35 +238,45 @@ def exit_if_complete(position, params, run_dir, world):
 
 # ----------------------------------------------------------------------------- one step, one epoch
 
-def train_step(forward_loss, optimizer, precision, inputs, targets):
-    """Forward, loss, backward and optimiser update for one batch; returns the loss (on the device).
+def train_step(forward_loss, optimizer, precision, accumulation, inputs, targets):
+    """Forward, loss and backward for each micro-batch, then one optimiser update; returns the
+    batch's mean loss (on the device).
 
-    The ``annotate`` ranges cost nothing unless profiling is on (--enable_manual_profiling,
-    --profiler=torch); then they name the phases in the Nsight or torch profiler timeline.
-    The loss is cloned because the epoch keeps it: under torch.compile's CUDA graphs
-    (--compile_mode=reduce-overhead or max-autotune) the next step overwrites the graph's outputs.
+    With ``--grad_accum_steps=K`` the batch is split into K micro-batches whose scaled gradients add
+    up to the batch's, with one gradient all-reduce, in the last backward (utils/accumulation.py);
+    with K = 1 (the default) the batch is one micro-batch. The ``annotate`` ranges cost nothing
+    unless profiling is on (--enable_manual_profiling, --profiler=torch); then they name the phases
+    in the Nsight or torch profiler timeline. The loss is summed into a new tensor at once: under
+    torch.compile's CUDA graphs (--compile_mode=reduce-overhead or max-autotune) the next call
+    overwrites the graph's outputs, and the epoch keeps the loss.
     """
-    with annotate("forward"), precision.autocast():
-        loss = forward_loss(inputs, targets)
     optimizer.zero_grad()
-    with annotate("backward"):
-        precision.scaler.scale(loss).backward()
+    loss = 0.0
+    for micro_inputs, micro_targets, sync in accumulation.micro_batches(inputs, targets):
+        with sync:  # DDP's no_sync() on all but the last micro-batch
+            with annotate("forward"), precision.autocast():
+                micro_loss = accumulation.scale(forward_loss(micro_inputs, micro_targets))
+            with annotate("backward"):
+                precision.scaler.scale(micro_loss).backward()
+        loss = loss + micro_loss.detach()
     with annotate("optimizer"):
         precision.scaler.step(optimizer)
         precision.scaler.update()
-    return loss.detach().clone()
+    return loss
 
 
 def default_step(model, optimizer, loss_fn, precision, params):
     """The step of train.py; train_graph.py supplies one that replays a captured CUDA graph."""
-    return functools.partial(train_step, training_loss(model, loss_fn, params), optimizer, precision)
+    return functools.partial(train_step, training_loss(model, loss_fn, params), optimizer, precision,
+                             GradAccumulation(model, params.grad_accum_steps))
 
 
 def to_device(tensor, device, memory_format):
     # non_blocking: from pinned memory the host queues the copy and goes on without waiting for it; the
     # copy itself runs on the compute stream, after the previous step's kernels and before this step's
-    # forward, so it does not overlap compute (that takes a copy on a side stream ahead of the step: a
-    # device prefetcher). A no-op for tensors already on the device.
+    # forward, so it does not overlap compute: utils/prefetch.py's prefetcher copies ahead on a side
+    # stream instead. A no-op for tensors already on the device: those of the device loaders, and of
+    # the host loaders under the prefetcher.
     return tensor.to(device, non_blocking=True, memory_format=memory_format)
 
 
@@ -452,10 +474,8 @@ def main(argv=None, make_step=None, graph_capture=False):
 
     # Data first. Nothing is written before everything is built: a run refused during set-up (a
     # missing file, an option this machine cannot do) leaves no half-made run directory behind.
-    logging.info("rank %d, begin data loader init", world.rank)
-    train_loader, val_loader = get_data_loader_distributed(params, mesh.data_rank, device, mesh.data_size,
-                                                           mesh.block)  # this rank's block of each crop
-    logging.info("rank %d, data loader initialized with config %s", world.rank, params.data_loader_config)
+    move = functools.partial(to_device, device=device, memory_format=memory_format(params))
+    train_loader, val_loader = build_loaders(params, world, mesh, device, move)
     steps_per_epoch = len(train_loader)
     check_profiling_options(params, steps_per_epoch)
     check_benchy_options(params, device)
@@ -471,7 +491,6 @@ def main(argv=None, make_step=None, graph_capture=False):
     loss_fn = build_loss(params)
     step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
     model = compile_model(model, params)
-    move = functools.partial(to_device, device=device, memory_format=memory_format(params))
     stop = StopSignals(world, device)  # from here on, Ctrl-C and SIGTERM stop at the next step
     progress = Progress(enabled=world.is_main)  # a bar on a terminal, else a log line every minute
     validation = functools.partial(validate, model, val_loader, loss_fn, precision, move, world, mesh, stop,

@@ -8,7 +8,9 @@ Everything but the step is train.py's: the same set-up, loop, logging and checkp
 on a side stream, so that cuDNN picks its algorithms and every lazily made buffer exists; then it
 is captured once into a CUDA graph with static input and target tensors. From then on each step
 copies the batch into those tensors and replays the graph: one launch instead of hundreds of
-kernel launches, which pays off when the GPU is fast and the batch small.
+kernel launches, which pays off when the GPU is fast and the batch small. The host loaders' batches
+arrive on the GPU already, copied ahead on a side stream by train.py's prefetcher (utils/prefetch.py):
+the copy into the static tensors is a device-to-device one, after the compute stream waited for them.
 
 What makes the step capturable: a fused Adam with ``capturable=True`` whose learning rate lives in
 a device tensor (the schedule updates it in place, so the graph needs no re-capture), the gradient
@@ -21,11 +23,17 @@ import torch
 
 from train import main, train_step, training_loss
 from utils.YParams import wants_help
+from utils.accumulation import GradAccumulation
 from utils.errors import UserError, exit_on_user_error
 
 
 def make_graph_step(model, optimizer, loss_fn, precision, params):
     """A step function that warms up eagerly, then captures itself and replays the graph."""
+    if params.grad_accum_steps > 1:
+        raise UserError(f"--grad_accum_steps={params.grad_accum_steps} cannot run in train_graph.py: its CUDA "
+                        "graph replays one forward and backward over the whole batch, and a graph of K "
+                        "micro-batches, all but the last without DDP's all-reduce, has not been captured "
+                        "and tested. Train with train.py (same options), or drop --grad_accum_steps.")
     if params.jit_mode == "compile" and params.compile_mode != "default":
         raise UserError(f"--compile_mode={params.compile_mode} makes torch.compile record CUDA graphs of its own, "
                         "and train_graph.py captures the whole step in one graph already: one cannot be "
@@ -46,8 +54,10 @@ def make_graph_step(model, optimizer, loss_fn, precision, params):
     warmup_stream = torch.cuda.Stream()
     forward_loss = training_loss(model, loss_fn, params)
 
+    one_batch = GradAccumulation(model)  # the whole batch in one forward and backward
+
     def eager_step(inputs, targets):
-        return train_step(forward_loss, optimizer, precision, inputs, targets)
+        return train_step(forward_loss, optimizer, precision, one_batch, inputs, targets)
 
     calls = 0
 

@@ -51,6 +51,7 @@ from utils.errors import exit_on_user_error
 from utils.flops import resolve_peak_flops, unet_flops_per_sample
 from utils.losses import build_loss
 from utils.optim import Precision, build_optimizer
+from utils.prefetch import device_prefetcher
 
 @dataclass(frozen=True)
 class Rung:
@@ -69,27 +70,31 @@ class Rung:
 BF16_FUSED = ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--enable_fused"]
 GPU_RUNGS = [
     Rung("+ CUDA graph (bf16, fused)", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16"], "train_graph.py",
-         step=10),
-    Rung("+ torch.compile (bf16, fused)", [*BF16_FUSED, "--jit_mode=compile"], step=9),
-    Rung("+ fused Adam (bf16)", BF16_FUSED, step=6),
+         step=11),
+    Rung("+ torch.compile (bf16, fused)", [*BF16_FUSED, "--jit_mode=compile"], step=10),
+    Rung("+ fused Adam (bf16)", BF16_FUSED, step=7),
     # fused: the scaler's inf check stays on the device, so fp16 and bf16 compare like for like
     Rung("gpu-inmem + AMP fp16 + fused Adam", ["--data_loader_config=gpu-inmem", "--amp_mode=fp16", "--enable_fused"],
-         step=5),
+         step=6),
     Rung("batch 8: + CUDA graph", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--global_batch_size=8"],
-         "train_graph.py", step=13),
-    Rung("batch 8: gpu-inmem bf16 fused", [*BF16_FUSED, "--global_batch_size=8"], step=12),
-    Rung("gpu-inmem", ["--data_loader_config=gpu-inmem"], step=3),
-    Rung("gpu-inmem + AMP bf16", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16"], step=4),
-    Rung("+ channels_last (bf16, fused)", [*BF16_FUSED, "--channels_last"], step=7),
-    Rung("+ TorchScript loss (bf16, fused)", [*BF16_FUSED, "--enable_jit"], step=8),
+         "train_graph.py", step=14),
+    Rung("batch 8: gpu-inmem bf16 fused", [*BF16_FUSED, "--global_batch_size=8"], step=13),
+    Rung("gpu-inmem", ["--data_loader_config=gpu-inmem"], step=4),
+    Rung("gpu-inmem + AMP bf16", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16"], step=5),
+    Rung("+ channels_last (bf16, fused)", [*BF16_FUSED, "--channels_last"], step=8),
+    Rung("+ TorchScript loss (bf16, fused)", [*BF16_FUSED, "--enable_jit"], step=9),
 ]
 DALI_RUNGS = [
     Rung("DALI (bf16, fused)", ["--data_loader_config=dali-lowmem", "--num_data_workers=8", "--amp_mode=bf16",
-                                "--enable_fused"], step=11),
+                                "--enable_fused"], step=12),
 ]
 HOST_LOADER_RUNGS = [
-    Rung("lowmem, 8 workers", ["--data_loader_config=lowmem", "--num_data_workers=8"], nbatches=5, step=2),
-    Rung("baseline: lowmem, 2 workers", ["--data_loader_config=lowmem", "--num_data_workers=2"], nbatches=5, step=1),
+    Rung("lowmem, 8 workers + device prefetch", ["--data_loader_config=lowmem", "--num_data_workers=8",
+                                                 "--device_prefetch=true"], nbatches=5, step=3),
+    Rung("lowmem, 8 workers", ["--data_loader_config=lowmem", "--num_data_workers=8", "--device_prefetch=false"],
+         nbatches=5, step=2),
+    Rung("baseline: lowmem, 2 workers", ["--data_loader_config=lowmem", "--num_data_workers=2",
+                                         "--device_prefetch=false"], nbatches=5, step=1),
 ]
 # The loader comparison of the tutorial's CPU section: crop 32, batch 8, a width-16 U-Net. The first
 # rung is the original tutorial's lowmem loader: the same reads, but one of 24 rotations applied to
@@ -176,7 +181,8 @@ def measure_rung(options, script, args, nbatches):
     """Build what `python <script> <options>` would train and time it; returns the trial summary."""
     params = load_params(options)
     device = train.pick_device(params, World())  # as train.py: cuDNN autotuning and TF32 as the rung says
-    train_loader, _ = get_data_loader_distributed(params, 0, device)
+    move = functools.partial(train.to_device, device=device, memory_format=train.memory_format(params))
+    train_loader = device_prefetcher(get_data_loader_distributed(params, 0, device)[0], params, device, move)
     graph = script == "train_graph.py"
     torch.manual_seed(params.seed)
     model = parallelize(train.build_model(params, device), params, World(), device, graph)
@@ -187,7 +193,6 @@ def measure_rung(options, script, args, nbatches):
         step_fn = make_graph_step(model, optimizer, build_loss(params), precision, params)
     else:
         step_fn = train.default_step(model, optimizer, build_loss(params), precision, params)
-    move = functools.partial(train.to_device, device=device, memory_format=train.memory_format(params))
     batches = BatchStream(train_loader)  # one stream: the priming batch and the trials' never reset the loader
     # Compilation and capture happen before any trial, never inside a timed one.
     prime(step_fn, batches, move, warmup_calls(params, graph))

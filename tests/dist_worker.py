@@ -7,11 +7,16 @@ The environment is what torchrun would set, so the process joins its group the w
 
   variants  train the small U-Net a few Adam steps under each data-parallel variant and save, per
             variant, the full first-step gradients, final weights, gathered states and memory report
+  accumulation
+            train.py's own step with --grad_accum_steps micro-batches under DDP and FSDP, counting
+            DDP's all-reduces with a comm hook, and two wrong accumulations (see ACCUMULATION)
   die       train; rank 1 kills itself with SIGKILL after two steps
   hang      train; rank 1 stops answering (sleeps) after two steps
 
 :func:`train` with a one-rank World is also the reference the test compares against.
 """
+import contextlib
+import functools
 import json
 import os
 import signal
@@ -23,10 +28,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E402
+
+from train import train_step as train_py_step, training_loss  # noqa: E402
 
 from networks.UNet import UNet  # noqa: E402
 from utils import distributed  # noqa: E402
 from utils.YParams import YParams  # noqa: E402
+from utils.accumulation import GradAccumulation  # noqa: E402
+from utils.losses import build_loss  # noqa: E402
+from utils.optim import Precision  # noqa: E402
 from utils.errors import exit_on_user_error  # noqa: E402
 
 CROP = 32
@@ -167,6 +178,81 @@ def run_variants(world, out_dir):
         json.dump(agreed, f)
 
 
+# ----------------------------------------------------------------------------- gradient accumulation
+
+class UnscaledAccumulation(GradAccumulation):
+    """Wrong on purpose: the micro-batches' losses are not scaled by 1/K (K times the gradient)."""
+
+    def scale(self, loss):
+        return loss
+
+
+class SyncEveryMicroBatch(GradAccumulation):
+    """Wrong on purpose: no no_sync(), so DDP all-reduces the gradients after every micro-batch. The
+    weights come out right (all-reduce is linear); only the count of all-reduces shows it."""
+
+    def no_sync(self):
+        return contextlib.nullcontext()
+
+
+# Each variant: config overrides (grad_accum_steps among them) and the accumulation class. 1 MB buckets:
+# the float64 U-Net's 2.1 MB of gradients make several, so that "once per bucket" counts more than one.
+K2 = {"grad_accum_steps": 2, "bucket_cap_mb": 1}
+ACCUMULATION = {
+    "ddp_k1": ({**K2, "grad_accum_steps": 1}, GradAccumulation),
+    "ddp_k2": (K2, GradAccumulation),
+    "ddp_bucket_view_k2": ({**K2, "gradient_as_bucket_view": True}, GradAccumulation),
+    "fsdp_k2": ({**K2, "parallel": "fsdp"}, GradAccumulation),
+    "ddp_k2_unscaled": (K2, UnscaledAccumulation),
+    "ddp_k2_sync_every": (K2, SyncEveryMicroBatch),
+}
+
+
+def counting_all_reduce(calls, bucket):
+    """DDP's own all-reduce hook, noting each bucket it reduces."""
+    calls.append(bucket.index())
+    return default_hooks.allreduce_hook(None, bucket)
+
+
+def train_accumulating(params, world, device=torch.device("cpu"), accumulation=GradAccumulation):
+    """``STEPS`` optimiser steps of train.py's step with ``params.grad_accum_steps`` micro-batches per
+    rank; returns first-step gradients, final weights and optimiser state (rank 0), and per step the
+    indices of the buckets DDP all-reduced (empty without DDP)."""
+    model, optimizer = build(params, world, device)
+    calls = []
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model.register_comm_hook(state=calls, hook=counting_all_reduce)
+    step_fn = functools.partial(train_py_step, training_loss(model, build_loss(params), params), optimizer,
+                                Precision("none", device), accumulation(model, params.grad_accum_steps))
+    named = list(distributed.bare_model(model).named_parameters())
+    local = GLOBAL_BATCH // world.size
+    part = slice(world.rank * local, (world.rank + 1) * local)
+    all_reduces = []
+    for step in range(STEPS):
+        inputs, targets = global_batch(step)
+        before = len(calls)
+        step_fn(inputs[part].to(device), targets[part].to(device))
+        all_reduces.append(calls[before:])
+        if step == 0:  # train_step has updated the weights; the gradients stay until the next step
+            grads = {name: distributed.full_tensor(p.grad).detach().clone() for name, p in named}
+    weights = {name: distributed.full_tensor(p).detach().clone() for name, p in named}
+    states = distributed.full_state_dicts(model, optimizer, world)
+    result = {"grads": grads, "weights": weights, "all_reduces": all_reduces}
+    if world.is_main:
+        result["optimizer"] = states[1]
+    return result
+
+
+def run_accumulation(world, out_dir):
+    for name, (overrides, accumulation) in ACCUMULATION.items():
+        try:
+            result = train_accumulating(make_params(**overrides), world, accumulation=accumulation)
+            torch.save(result, os.path.join(out_dir, f"{name}.rank{world.rank}.pt"))
+        except Exception:  # recorded per variant, so that each test reports its own failure
+            with open(os.path.join(out_dir, f"{name}.rank{world.rank}.error"), "w") as f:
+                f.write(traceback.format_exc())
+
+
 def run_until_lost(world, scenario):
     """Train DDP steps for long; rank 1 dies (or goes silent) after two, and rank 0 must give up."""
     params = make_params()
@@ -193,6 +279,8 @@ def main(scenario, out_dir):
     distributed.init_process_group(world, torch.device("cpu"), params)
     if scenario == "variants":
         run_variants(world, out_dir)
+    elif scenario == "accumulation":
+        run_accumulation(world, out_dir)
     else:
         run_until_lost(world, scenario)
     distributed.shutdown(world)

@@ -64,14 +64,14 @@ def test_a_graph_rung_captures_before_the_first_timed_trial(tmp_path, synthetic_
 
     def recording_graph_step(model, optimizer, loss_fn, precision, params):
         calls = 0
+        eager_step = train.default_step(model, optimizer, loss_fn, precision, params)
 
         def step(inputs, targets):
             nonlocal calls
             calls += 1
             events.append("eager" if calls <= params.graph_warmup_steps else
                           "capture" if calls == params.graph_warmup_steps + 1 else "replay")
-            return train.train_step(train.training_loss(model, loss_fn, params), optimizer, precision, inputs,
-                                    targets)
+            return eager_step(inputs, targets)
         return step
 
     def recording_trials(step_fn, *args, **kwargs):

@@ -533,6 +533,8 @@ RUN = {
     # Batch 32 needs more than TINY's 16 crops per epoch.
     "python train.py --config=demo_bs32_test": Run(
         append=f"{TINY} --Nsamples=64", check=check_run("demo_bs32_test", global_batch_size=32, lr_scaling="sqrt")),
+    "python train.py --config=demo_bs32_test --grad_accum_steps=4": Run(
+        append=f"{TINY} --Nsamples=64", check=check_run("demo_bs32_test", global_batch_size=32, grad_accum_steps=4)),
     "python train.py --config=demo_bs32_opt": Run(
         append=f"{TINY} --Nsamples=64", check=check_run("demo_bs32_opt", global_batch_size=32, Nsamples=64)),
     'python -m benchmarks.scaling --preset cpu --ranks 2 --ddp_options="--bucket_cap_mb=100 '
@@ -574,6 +576,7 @@ RUN = {
 SHORT = "python train.py --config=short --num_epochs 4"
 PERFORMANCE_STEPS = {
     "--num_data_workers 8 --data_loader_config=inmem": {"num_data_workers": 8, "data_loader_config": "inmem"},
+    "--num_data_workers 8 --device_prefetch=false": {"num_data_workers": 8, "device_prefetch": False},
     "--data_loader_config=gpu-inmem": {"data_loader_config": "gpu-inmem"},
     "--data_loader_config=gpu-inmem --gpu_inmem_dtype=float16": {"gpu_inmem_dtype": "float16"},
     "--data_loader_config=gpu-inmem --tf32=false": {"tf32": False},

@@ -51,7 +51,7 @@ CHOICES = {
 }
 POSITIVE_INTS = ("crop_size", "Nsamples", "Nsamples_val", "num_epochs", "global_batch_size",
                  "base_batch_size", "base_channels", "bucket_cap_mb", "profile_start_epoch", "profile_steps",
-                 "memory_snapshot_steps", "dist_timeout_s", "graph_warmup_steps")
+                 "memory_snapshot_steps", "dist_timeout_s", "graph_warmup_steps", "grad_accum_steps")
 NON_NEGATIVE = ("num_data_workers", "warmup_steps", "start_lr", "end_lr", "lambda_rho", "checkpoint_interval_s")
 
 # What each run option means, for --help (the config keys are described by their comments in the YAML file).
@@ -238,6 +238,7 @@ def load_params(argv, world_size=1, null_defaults=None):
     if params.global_batch_size % world_size:
         raise UserError(f"global_batch_size={params.global_batch_size} does not divide over {world_size} "
                         f"ranks. Choose a multiple of {world_size}, or set --local_batch_size instead.")
+    check_micro_batches(params, params.global_batch_size // world_size)
     for key, value in (null_defaults or {}).items():
         if params.get(key) is None:
             params[key] = value
@@ -245,6 +246,17 @@ def load_params(argv, world_size=1, null_defaults=None):
         params["jit_mode"] = "script"  # the original's --enable_jit: a TorchScript-fused loss
     params._params = {**options, **params._params}  # one object: the run options first, as config.yaml lists them
     return params
+
+
+def check_micro_batches(params, local_batch_size):
+    """Refuse a --grad_accum_steps that does not split each rank's batch into equal micro-batches."""
+    steps = params.get("grad_accum_steps", 1)
+    if local_batch_size % steps:
+        divisors = [k for k in range(1, local_batch_size + 1) if local_batch_size % k == 0]
+        raise UserError(f"--grad_accum_steps={steps} does not divide the local batch of {local_batch_size} "
+                        f"samples per rank (global_batch_size={params.global_batch_size}) into equal "
+                        f"micro-batches. Use a divisor of {local_batch_size} ({', '.join(map(str, divisors))}), "
+                        "or change the batch size.")
 
 
 class BareFlag:
