@@ -43,6 +43,7 @@ from utils.progress import Progress
 from utils.runs import (CONFIG_NAME, changed_options, default_run_num, record_config,
                         refuse_resume_without_checkpoint, run_num_given, schedule_change)
 from utils.signals import StopSignals
+from utils.step_spread import StepSpread
 
 
 @dataclasses.dataclass(frozen=True)
@@ -467,6 +468,8 @@ def main(argv=None, make_step=None, graph_capture=False):
     precision = Precision(params.amp_mode, device, cache=not graph_capture)
     loss_fn = build_loss(params)
     step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
+    spread = StepSpread(model, device, world)  # each rank's own step time, gathered once an epoch
+    step_fn = spread.timed(step_fn)
     model = compile_model(model, params)
     move = functools.partial(to_device, device=device, memory_format=memory_format(params))
     stop = StopSignals(world, device)  # from here on, Ctrl-C and SIGTERM stop at the next step
@@ -500,6 +503,7 @@ def main(argv=None, make_step=None, graph_capture=False):
             elapsed = time.time() - start
             if len(losses) == remaining:  # a whole epoch, not one cut short by a stop signal
                 log_epoch(tensorboard, epoch, losses, elapsed, optimizer, model, params, world, position.step)
+                spread.log(tensorboard, position.step)  # which rank is the straggler: one all-gather
                 lines = (validate_and_log(validation, tensorboard, run_dir, params, world, position.step)
                          if validating else [])
                 if lines is not None:  # None: a stop signal cut the validation short; --resume repeats it
