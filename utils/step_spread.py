@@ -20,8 +20,9 @@ How it is timed: on a GPU with CUDA events recorded on the stream (read at the e
 device has finished anyway: no synchronisation in the steps); on a CPU with the wall clock. The end
 of a step's own work is marked by a hook on every parameter after its gradient is accumulated (the
 last one to run marks it). Where no such hook runs, the spread is not measured and the line says so:
-a step replayed as one CUDA graph (train_graph.py after its warm-up) runs no Python, and
-``fully_shard`` (--parallel=fsdp) writes its sharded gradients itself.
+a step replayed as one CUDA graph (train_graph.py after its warm-up) runs no Python. Under
+--parallel=fsdp the step's own work holds collectives too (the forward's all-gathers wait for every
+rank), so a straggler shows less there than under DDP.
 """
 import logging
 import math
@@ -110,7 +111,7 @@ class StepSpread:
             return None
         if any(math.isnan(mean) for mean in means):  # some rank could not time its steps to their end
             logging.info("Step time across ranks: not measured (no hook sees the end of a step replayed as a "
-                         "CUDA graph, or of a step under --parallel=fsdp)")
+                         "CUDA graph)")
             return None
         slowest = max(range(len(means)), key=means.__getitem__)
         spread = {"min_s": min(means), "median_s": statistics.median(means), "max_s": means[slowest],
