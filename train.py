@@ -74,7 +74,9 @@ def pick_device(params, world):
     else:
         device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-        # Shapes never change: cuDNN picks the fastest convolutions once (or deterministic ones, to compare runs).
+        # cuDNN times its algorithms for each convolution's shape and layout at its first call and keeps the
+        # fastest (benchmarks/cudnn_autotune.py measures that first step); training shapes never change (the
+        # last partial batch is dropped). --deterministic: deterministic algorithms instead, to compare runs.
         torch.backends.cudnn.benchmark = not params.deterministic
         torch.backends.cudnn.deterministic = params.deterministic
         configure_tf32(params.tf32)
