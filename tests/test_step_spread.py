@@ -4,6 +4,7 @@ Three real gloo ranks run train.py under torchrun, one of them made a straggler 
 its steps, tests/straggler_worker.py): the epoch's line and TensorBoard must name it, with the spread
 it makes, from one all-gather per epoch.
 """
+import logging
 import os
 import re
 import subprocess
@@ -14,6 +15,7 @@ import torch
 
 from conftest import ROOT
 from utils.distributed import World
+from utils.logging_utils import TensorBoard
 from utils.step_spread import StepSpread
 
 SLEEP_S = 0.3
@@ -40,13 +42,21 @@ def test_one_rank_times_each_step_to_its_last_gradient():
     assert spread.gather() == [[pytest.approx(mean), 3.0]] and spread.steps == []  # gathered: starts afresh
 
 
-def test_a_step_without_a_gradient_is_not_measured():
+def test_a_step_without_a_gradient_is_not_measured(caplog, tmp_path):
     """A step whose gradients no hook sees (a replayed CUDA graph) makes the mean NaN: 'not measured'."""
     model = torch.nn.Linear(4, 1)
     spread = StepSpread(model, torch.device("cpu"), World())
     spread.timed(lambda inputs, targets: model(inputs).sum().backward())(torch.randn(2, 4), None)
     spread.timed(lambda inputs, targets: None)(None, None)
     assert spread.mean_seconds() != spread.mean_seconds()
+    tensorboard = TensorBoard(str(tmp_path), enabled=True)
+    with caplog.at_level(logging.INFO):
+        assert spread.log(tensorboard, 2) is None
+    assert "Step time across ranks: not measured" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):  # an epoch without steps (resumed after its training): nothing
+        assert spread.log(tensorboard, 2) is None
+    assert caplog.text == ""
 
 
 def test_train_py_names_the_straggler_from_one_gather_an_epoch(data_files, tmp_path):
