@@ -766,7 +766,8 @@ IN_ORDER_AS_WRITTEN = {"python -m utils.generate_data --out_dir data"}
 
 @pytest.mark.slow
 def test_readme_commands_run_in_order_in_one_fresh_copy(tmp_path, readme_data):
-    """A reader who runs the README's commands in its order, in one fresh copy of the repository:
+    """A reader who runs the tutorial's commands in reading order (README.md, then the chapters
+    docs/01-*.md, docs/02-*.md, ...), in one fresh copy of the repository:
     every command run here exits 0 (no run directory collides with an earlier command's, no tool
     refuses its documented command because an earlier one wrote its results); CPU-sized as above,
     the same state carried from each command to the next."""
