@@ -45,6 +45,7 @@ from utils.progress import Progress
 from utils.runs import (CONFIG_NAME, changed_options, default_run_num, record_config,
                         refuse_resume_without_checkpoint, run_num_given, schedule_change)
 from utils.signals import StopSignals
+from utils.step_spread import StepSpread
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +76,9 @@ def pick_device(params, world):
     else:
         device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-        # Shapes never change: cuDNN picks the fastest convolutions once (or deterministic ones, to compare runs).
+        # cuDNN times its algorithms for each convolution's shape and layout at its first call and keeps the
+        # fastest (benchmarks/cudnn_autotune.py measures that first step); training shapes never change (the
+        # last partial batch is dropped). --deterministic: deterministic algorithms instead, to compare runs.
         torch.backends.cudnn.benchmark = not params.deterministic
         torch.backends.cudnn.deterministic = params.deterministic
         configure_tf32(params.tf32)
@@ -490,6 +493,8 @@ def main(argv=None, make_step=None, graph_capture=False):
     precision = Precision(params.amp_mode, device, cache=not graph_capture)
     loss_fn = build_loss(params)
     step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
+    spread = StepSpread(model, device, world)  # each rank's own step time, gathered once an epoch
+    step_fn = spread.timed(step_fn)
     model = compile_model(model, params)
     stop = StopSignals(world, device)  # from here on, Ctrl-C and SIGTERM stop at the next step
     progress = Progress(enabled=world.is_main)  # a bar on a terminal, else a log line every minute
@@ -522,6 +527,7 @@ def main(argv=None, make_step=None, graph_capture=False):
             elapsed = time.time() - start
             if len(losses) == remaining:  # a whole epoch, not one cut short by a stop signal
                 log_epoch(tensorboard, epoch, losses, elapsed, optimizer, model, params, world, position.step)
+                spread.log(tensorboard, position.step)  # which rank is the straggler: one all-gather
                 lines = (validate_and_log(validation, tensorboard, run_dir, params, world, position.step)
                          if validating else [])
                 if lines is not None:  # None: a stop signal cut the validation short; --resume repeats it

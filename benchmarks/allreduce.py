@@ -1,158 +1,217 @@
-"""gloo all-reduce times for the U-Net's gradient sizes, and the bandwidth and latency they imply.
+"""An all-reduce sweep, as nccl-tests' all_reduce_perf measures one, written as a machine profile.
 
-Run on every rank, with torch.distributed's variables set (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT):
+Run on every rank, with torch.distributed's variables set (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT): NCCL between GPUs where CUDA is available, gloo between CPU processes otherwise.
 
-    torchrun --standalone --nproc_per_node=2 -m benchmarks.allreduce          # two ranks on this machine
-    sbatch -N 2 --ntasks-per-node=1 --cpus-per-task=1 tests/slurm/allreduce.sh  # two nodes under Slurm
+    torchrun --standalone --nproc_per_node=4 -m benchmarks.allreduce --out network.json    # 4 GPUs of a node
+    torchrun --standalone --nproc_per_node=2 -m benchmarks.allreduce --max_bytes 64M --out cpu.json
+    sbatch -N 2 --ntasks-per-node=1 --cpus-per-task=1 tests/slurm/allreduce.sh --out two-nodes.json
 
-then read the lines back from the output and fit them:
+then model the scaling with the measured network: ``python -m benchmarks.scaling_model --network FILE``.
 
-    python -m benchmarks.allreduce --parse unet-allreduce-<jobid>.out --name two-nodes --where "..."
+Each size, from ``--min_bytes`` (1 MiB) to ``--max_bytes`` (1 GiB) by factors of two, is all-reduced
+``--warmup`` times untimed, then ``--iters`` times back to back between two barriers; its time is
+the average over ranks of each rank's time per all-reduce, and its bandwidths are nccl-tests' own
+(doc/PERFORMANCE.md of github.com/NVIDIA/nccl-tests):
 
-Each size is all-reduced ``--repeats`` times after ``--warmup`` untimed ones; a barrier before each
-makes every rank start together, and rank 0 prints the median as one line
+    algbw = bytes / time                 what one all-reduce of this size delivers
+    busbw = algbw x 2 (n - 1) / n        n ranks: the bandwidth each rank's link carried, comparable
+                                         across rank counts and with the hardware's peak
 
-    ALLREDUCE ranks=2 bytes=83886080 seconds=0.0123 backend=gloo host=node1
-
-The sizes are the buckets DDP makes of the full U-Net's gradients at 25 MB (with the 1 MiB first
-bucket) and of the demo model's (all of it in one bucket), and a few small ones for the latency. The
-fit is a ring's cost with N = 2, t = 2 x latency + bytes / bandwidth (see :func:`fit`): the CPU
-profile that ``benchmarks.scaling_model`` predicts the demo model's two-rank step with.
+Rank 0 prints one line a size and writes the profile (``--out``), a JSON object with exactly the keys
+``backend``, ``world_size``, ``nodes``, ``rows`` (one {bytes, time_us, algbw_GBps, busbw_GBps} a
+size), ``latency_us`` and ``busbw_GBps``: see :func:`profile` for the last two. GB/s are 1e9 bytes/s.
 """
 import argparse
-import datetime
 import json
 import os
 import re
 import socket
-import statistics
 import time
 
 from utils.errors import UserError, exit_on_user_error
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LINE = re.compile(r"^ALLREDUCE ranks=(\d+) bytes=(\d+) seconds=([0-9.eE+-]+) backend=(\S+) host=(\S+)", re.M)
-SMALL = [4 * 1024, 64 * 1024, 1024 * 1024]
-SMALL_LIMIT = 64 * 1024  # sizes that measure the latency
+KEYS = ("backend", "world_size", "nodes", "rows", "latency_us", "busbw_GBps")
+ROW_KEYS = ("bytes", "time_us", "algbw_GBps", "busbw_GBps")
+UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 
 
-def gradient_sizes():
-    """The bucket sizes in bytes: the full U-Net's at 25 MB (the original's 8), the demo model's, and SMALL."""
-    from benchmarks import scaling_model
+def parse_bytes(text):
+    """'64M' -> 67108864: a whole number of bytes with an optional K, M or G (powers of 1024)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text, re.I)
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: write bytes as e.g. 4096, 64K, 1M or 1G")
+    return int(match.group(1)) * UNITS[match.group(2).upper()]
 
-    full = [size for size, _ in scaling_model.buckets(scaling_model.unet(), 25, first_bucket_mb=1)]
-    demo = [size for size, _ in scaling_model.buckets(scaling_model.unet(16, False, 32), 25, first_bucket_mb=25)]
-    return sorted(set(SMALL + full + demo))
+
+def sizes(min_bytes, max_bytes, factor=2):
+    """The sweep's message sizes, whole float32 elements: min_bytes, x factor, ..., up to max_bytes."""
+    if min_bytes < 4 or max_bytes < min_bytes:
+        raise UserError(f"The sweep runs from --min_bytes to --max_bytes (here {min_bytes} and {max_bytes}): "
+                        "give a --min_bytes of at least 4 (one float32) and a --max_bytes at least as large.")
+    out, size = [], min_bytes
+    while size <= max_bytes:
+        out.append(size // 4 * 4)
+        size *= factor
+    return out
 
 
-def measure(sizes, repeats, warmup):
-    """The median seconds of an all-reduce of each size (float32), on this process's group."""
+def bus_factor(world_size):
+    """nccl-tests' correction from algorithm to bus bandwidth for an all-reduce: 2 (n - 1) / n."""
+    return 2 * (world_size - 1) / world_size
+
+
+def row(size, seconds, world_size):
+    algbw = size / seconds / 1e9
+    return {"bytes": size, "time_us": seconds * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(world_size)}
+
+
+def fit_latency(rows):
+    """The fitted small-message time in us: the intercept of time = latency + bytes / bandwidth over the
+    rows, fitted in relative terms (each row's residual divided by its time, so that the small sizes,
+    whose time is mostly latency, set the intercept and the large ones the slope). 0 when the sizes do
+    not resolve it (a negative intercept: measure smaller sizes, e.g. --min_bytes 8)."""
+    if len(rows) < 2:
+        return rows[0]["time_us"] if rows else 0.0
+    # Weighted least squares of t = a + b x with weights 1 / t^2.
+    weights = [1 / r["time_us"] ** 2 for r in rows]
+    xs, ys = [r["bytes"] for r in rows], [r["time_us"] for r in rows]
+    total = sum(weights)
+    mean_x = sum(w * x for w, x in zip(weights, xs)) / total
+    mean_y = sum(w * y for w, y in zip(weights, ys)) / total
+    spread = sum(w * (x - mean_x) ** 2 for w, x in zip(weights, xs))
+    slope = sum(w * (x - mean_x) * (y - mean_y) for w, x, y in zip(weights, xs, ys)) / spread
+    return max(0.0, mean_y - slope * mean_x)
+
+
+def profile(backend, world_size, nodes, rows):
+    """The machine profile: the rows, ``latency_us`` (:func:`fit_latency`) and ``busbw_GBps``, the
+    bus bandwidth of the largest message (where the latency weighs least, as nccl-tests' docs advise
+    reading bandwidth at large sizes)."""
+    largest = max(rows, key=lambda r: r["bytes"])
+    return {"backend": backend, "world_size": world_size, "nodes": nodes, "rows": rows,
+            "latency_us": fit_latency(rows), "busbw_GBps": largest["busbw_GBps"]}
+
+
+def check_profile(data):
+    """The profile's keys, as readers of it expect them; raise ValueError if they are not."""
+    if not isinstance(data, dict) or tuple(sorted(data)) != tuple(sorted(KEYS)):
+        raise ValueError(f"a network profile has exactly the keys {', '.join(KEYS)}")
+    if not data["rows"] or any(tuple(sorted(r)) != tuple(sorted(ROW_KEYS)) for r in data["rows"]):
+        raise ValueError(f"a network profile's rows each have exactly the keys {', '.join(ROW_KEYS)}")
+    return data
+
+
+def measure(size, iters, warmup, device):
+    """This rank's seconds per all-reduce of ``size`` bytes (float32, in place), ``iters`` launched
+    back to back after ``warmup`` untimed ones; on a GPU the clock stops when the GPU is done."""
     import torch
     import torch.distributed as dist
 
-    times = {}
-    for size in sizes:
-        tensor = torch.ones(size // 4)
-        samples = []
-        for i in range(warmup + repeats):
-            dist.barrier()
-            start = time.perf_counter()
-            dist.all_reduce(tensor)
-            if i >= warmup:
-                samples.append(time.perf_counter() - start)
-        # The slowest rank's time is the all-reduce's: take the maximum over ranks of each median.
-        median = torch.tensor([statistics.median(samples)], dtype=torch.float64)
-        dist.all_reduce(median, op=dist.ReduceOp.MAX)
-        times[size] = median.item()
-    return times
+    tensor = torch.zeros(size // 4, device=device)  # zeros: sums of zeros never overflow
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        dist.all_reduce(tensor)
+    synchronize()
+    dist.barrier()  # every rank starts together
+    start = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(tensor)
+    synchronize()  # waits for the GPU: the all-reduces are done
+    return (time.perf_counter() - start) / iters
 
 
-def parse(text):
-    """The measurement's lines in a job's output: a list of {ranks, bytes, seconds, backend, host}."""
-    return [{"ranks": int(r), "bytes": int(b), "seconds": float(s), "backend": k, "host": h}
-            for r, b, s, k, h in LINE.findall(text)]
+def check_sum(device):
+    """One all-reduce of each rank's number: the sum must arrive on every rank (nccl-tests' #wrong)."""
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.full((1024,), float(dist.get_rank() + 1), device=device)
+    dist.all_reduce(tensor)
+    n = dist.get_world_size()
+    if not bool((tensor == n * (n + 1) / 2).all()):
+        raise RuntimeError(f"rank {dist.get_rank()}: the all-reduce returned a wrong sum")
 
 
-def fit(points):
-    """(latency per hop in s, bandwidth in bytes/s) of a ring of two, t = 2 x latency + bytes / bandwidth.
-    The bandwidth is the least-squares slope over all the sizes (the large ones weigh most); the
-    latency is half the fastest all-reduce of SMALL_LIMIT bytes or fewer, where the bytes cost
-    nothing to speak of (an intercept fitted through the large sizes is lost in their noise)."""
-    xs = [p["bytes"] for p in points]
-    ys = [p["seconds"] for p in points]
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
-    small = [p["seconds"] for p in points if p["bytes"] <= SMALL_LIMIT]
-    if slope <= 0 or not small:
-        raise ValueError("the times do not grow with the size, or no size of 64 KiB or less was measured: "
-                         "nothing to fit a bandwidth and a latency to")
-    return min(small) / 2, 1 / slope
+def sweep(message_sizes, iters, warmup, device):
+    """The rows of the sweep, the time of each size averaged over the ranks (nccl-tests' default)."""
+    import torch
+    import torch.distributed as dist
+
+    check_sum(device)
+    world_size = dist.get_world_size()
+    rows = []
+    for size in message_sizes:
+        seconds = torch.tensor([measure(size, iters, warmup, device)], dtype=torch.float64, device=device)
+        dist.all_reduce(seconds)
+        rows.append(row(size, seconds.item() / world_size, world_size))
+        if dist.get_rank() == 0:
+            print(format_row(rows[-1]), flush=True)
+    return rows
 
 
-def summary(points, name, where, command, date):
-    latency, bandwidth = fit(points)
-    lines = [f"# gloo all-reduce on two ranks: {name}", "", f"{where}. Made by `{command}` ({date}); "
-             "the median of the repeats, the slowest rank's. The machine's 2 cores were shared with other "
-             "work while it ran, so the times carry that load.", "",
-             "| bytes | MiB | seconds | GB/s (bytes / seconds) |", "|---|---|---|---|"]
-    for p in sorted(points, key=lambda p: p["bytes"]):
-        lines.append(f"| {p['bytes']} | {p['bytes'] / 2**20:.2f} | {p['seconds']:.5f} | "
-                     f"{p['bytes'] / p['seconds'] / 1e9:.2f} |")
-    lines += ["", f"A ring of two, t = 2 x latency + bytes / bandwidth: latency {1e6 * latency:.0f} us per hop "
-              f"(half the fastest all-reduce of 64 KiB or less), bandwidth {bandwidth / 1e9:.2f} GB/s (the "
-              "least-squares slope over all the sizes)."]
-    return {"name": name, "where": where, "command": command, "date": date, "points": points,
-            "latency_s": latency, "bandwidth_Bps": bandwidth}, "\n".join(lines) + "\n"
+def format_row(r):
+    return f"{r['bytes']:>12} {r['time_us']:>12.1f} {r['algbw_GBps']:>10.3f} {r['busbw_GBps']:>10.3f}"
+
+
+def node_count():
+    """The number of hosts the ranks run on (one name a host)."""
+    import torch.distributed as dist
+
+    names = [None] * dist.get_world_size()
+    dist.all_gather_object(names, socket.gethostname())
+    return len(set(names))
 
 
 @exit_on_user_error
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--parse", help="a job's output to read the ALLREDUCE lines from (no measurement)")
-    parser.add_argument("--name", help="with --parse: the results' name, benchmarks/results/allreduce/<name>.*")
-    parser.add_argument("--where", default="", help="with --parse: where it ran, for the results' README")
-    parser.add_argument("--command", default="", help="with --parse: the command that measured it")
-    parser.add_argument("--out_dir", default=os.path.join(ROOT, "benchmarks", "results", "allreduce"))
-    parser.add_argument("--overwrite", action="store_true", help="with --parse: replace results of that name")
+    parser.add_argument("--min_bytes", type=parse_bytes, default=parse_bytes("1M"))
+    parser.add_argument("--max_bytes", type=parse_bytes, default=parse_bytes("1G"))
+    parser.add_argument("--iters", type=int, default=20, help="timed all-reduces a size (nccl-tests: 20)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed all-reduces first (nccl-tests: 5)")
+    parser.add_argument("--backend", choices=("nccl", "gloo"), help="default: nccl where CUDA is, else gloo")
+    parser.add_argument("--out", help="the profile's JSON file (rank 0 writes it); refused if it exists")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     args = parser.parse_args(argv)
-
-    if args.parse:
+    message_sizes = sizes(args.min_bytes, args.max_bytes)
+    if args.iters < 1 or args.warmup < 0:
+        raise UserError(f"--iters must be at least 1 and --warmup at least 0 (got {args.iters} and {args.warmup}).")
+    if "RANK" not in os.environ:
+        raise UserError("benchmarks.allreduce runs on every rank of a job: launch it with torchrun (e.g. torchrun "
+                        "--standalone --nproc_per_node=2 -m benchmarks.allreduce) or srun (tests/slurm/allreduce.sh).")
+    if args.out and int(os.environ["RANK"]) == 0:
         from benchmarks.common import claim_files
 
-        if not args.name:
-            raise UserError("--parse needs --name=<name>: the results go to <out_dir>/<name>.json and .md.")
-        with open(args.parse) as f:
-            points = parse(f.read())
-        if not points:
-            raise UserError(f"{args.parse} holds no ALLREDUCE lines: give the output of tests/slurm/allreduce.sh "
-                            "or of torchrun ... -m benchmarks.allreduce (rank 0 prints them).")
-        out = args.out_dir
-        claim_files([os.path.join(out, f"{args.name}.{kind}") for kind in ("json", "md")], args.overwrite,
-                    "an earlier measurement")
-        # The output's time: when the job wrote it (parse right after the measurement).
-        stamp = datetime.datetime.fromtimestamp(os.path.getmtime(args.parse), datetime.timezone.utc)
-        result, text = summary(points, args.name, args.where, args.command, stamp.isoformat(timespec="seconds"))
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, f"{args.name}.json"), "w") as f:
-            json.dump(result, f, indent=1)
-        with open(os.path.join(out, f"{args.name}.md"), "w") as f:
-            f.write(text)
-        print(text)
-        return result
+        claim_files([args.out], args.overwrite, "an earlier sweep")
 
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    times = measure(gradient_sizes(), args.repeats, args.warmup)
+    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(1)
+    dist.init_process_group(backend)
+    nodes = node_count()
     if dist.get_rank() == 0:
-        for size, seconds in times.items():
-            print(f"ALLREDUCE ranks={dist.get_world_size()} bytes={size} seconds={seconds:.6f} backend=gloo "
-                  f"host={socket.gethostname()}", flush=True)
+        print(f"# all-reduce, float32 sum in place, {backend}: {dist.get_world_size()} ranks on {nodes} node(s); "
+              f"{args.warmup} warm-up and {args.iters} timed all-reduces a size", flush=True)
+        print(f"# {'size (B)':>10} {'time (us)':>12} {'algbw GB/s':>10} {'busbw GB/s':>10}", flush=True)
+    rows = sweep(message_sizes, args.iters, args.warmup, device)
+    result = profile(backend, dist.get_world_size(), nodes, rows)
+    if dist.get_rank() == 0:
+        print(f"# latency {result['latency_us']:.1f} us (fitted small-message time), bus bandwidth "
+              f"{result['busbw_GBps']:.3f} GB/s (at {rows[-1]['bytes']} bytes)", flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+            print(f"# wrote {args.out}", flush=True)
     dist.destroy_process_group()
+    return result
 
 
 if __name__ == "__main__":

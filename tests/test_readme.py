@@ -22,6 +22,7 @@ from typing import Callable, Optional
 import h5py
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from conftest import ROOT, dali_installed, needs_dali
@@ -229,9 +230,9 @@ NOT_RUN = [
     (r"make test", "the test suite itself"),
     (r"docker build .*", "needs a Docker engine; tests/test_docker.py lints docker/Dockerfile with hadolint"),
     (r"podman-hpc build .*", "needs Perlmutter's podman-hpc; tests/test_docker.py lints docker/Dockerfile"),
-    (r"sbatch -N 2 --ntasks-per-node=1 --cpus-per-task=1 tests/slurm/allreduce\.sh",
-     "needs a Slurm cluster of two nodes (tests/slurm/cluster.sh starts one as root); its committed output is "
-     "parsed by tests/test_scaling_model.py"),
+    (r"torchrun --standalone --nproc_per_node=4 -m benchmarks\.allreduce --out network-1-node\.json",
+     "needs four GPUs (NCCL); the same sweep runs here on two gloo ranks (the CPU command), and "
+     "tests/test_slurm.py submits tests/slurm/allreduce.sh to its two-node cluster"),
     (r"(\w+=\S*\s+)*sbatch .*", SLURM),
     (r"for .*; do .*sbatch .*; done", SLURM),
     (r"\.venv/bin/pip install -r requirements-dali\.txt",
@@ -454,6 +455,17 @@ def check_output(text):
     return check
 
 
+def check_network(name):
+    """The all-reduce sweep's profile, with the keys benchmarks.scaling_model reads."""
+    def check(scratch, output):
+        from benchmarks import allreduce
+
+        with open(os.path.join(scratch, name)) as f:
+            profile = allreduce.check_profile(json.load(f))
+        assert (profile["backend"], profile["world_size"]) == ("gloo", 2) and f"# wrote {name}" in output
+    return check
+
+
 def benchy_run(name, *extra):
     """A one-rank benchy run that writes scaling/<name>.json: the kind of file the sbatch loop makes."""
     return (f"BENCHY_OUTPUT=scaling/{name} python train.py --config=test --run_num={name} --enable_benchy "
@@ -556,8 +568,11 @@ RUN = {
     "python -m benchmarks.scaling_model --knobs": Run(data=False, check=check_output("| --ddp_comm_hook=bf16 |")),
     "python -m benchmarks.scaling_model --machine h100 --local_batch_size=128 --ddp_comm_hook=bf16 --out model.png": Run(
         data=False, check=check_png("model.png")),
-    "torchrun --standalone --nproc_per_node=2 -m benchmarks.allreduce": Run(
-        data=False, append="--repeats 1 --warmup 0", check=check_output("ALLREDUCE ranks=2 bytes=4096 ")),
+    "torchrun --standalone --nproc_per_node=2 -m benchmarks.allreduce --min_bytes 4K --max_bytes 64M --out cpu-network.json":
+        Run(data=False, append="--max_bytes 8K --iters 1 --warmup 0", check=check_network("cpu-network.json")),
+    "python -m benchmarks.cudnn_autotune": Run(
+        data=False, check=check_output("nothing to measure"),
+        marks=(pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU it measures (the GPU suite runs it)"),)),
     # Domain parallelism: two steps on 128^3 crops (the domain_demo's own size), on two ranks and on one.
     "torchrun --nproc_per_node=2 train.py --config=domain_demo": Run(
         append=DOMAIN_TINY, data=False, check=check_run("domain_demo", devices="2CPU", domain_mesh=[2, 1, 1])),

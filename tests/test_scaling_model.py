@@ -289,53 +289,6 @@ ALLREDUCE ranks=2 bytes=200000000 seconds=0.400200 backend=gloo host=node1
 """
 
 
-def test_the_allreduce_parser_and_fit(tmp_path):
-    from benchmarks import allreduce
-
-    points = allreduce.parse(ALLREDUCE_OUTPUT)
-    assert [(p["ranks"], p["bytes"], p["host"]) for p in points] == \
-        [(2, 4096, "node1"), (2, 65536, "node1"), (2, 100000000, "node1"), (2, 200000000, "node1")]
-    latency, bandwidth = allreduce.fit(points)
-    assert latency == pytest.approx(150e-6) and bandwidth == pytest.approx(0.5e9, rel=0.01)
-    with pytest.raises(ValueError):
-        allreduce.fit([p for p in points if p["bytes"] > 65536])  # no small size: no latency
-    assert allreduce.parse("no such lines") == []
-    machine = model.Machine("cpu", 1, bandwidth / 1e9, bandwidth / 1e9, latency, latency, None, "")
-    assert model.allreduce_time(100e6, 2, machine) == pytest.approx(100e6 / bandwidth + 2 * latency)
-
-
-def test_the_committed_allreduce_results_are_their_outputs_parsed():
-    from benchmarks import allreduce
-
-    folder = os.path.join(ROOT, "benchmarks", "results", "allreduce")
-    for name in ("two-nodes-slurm", "two-ranks-one-machine"):
-        with open(os.path.join(folder, f"{name}.out")) as f:
-            points = allreduce.parse(f.read())
-        with open(os.path.join(folder, f"{name}.json")) as f:
-            result = json.load(f)
-        assert result["points"] == points and len(points) == len(allreduce.gradient_sizes())
-        assert (result["latency_s"], result["bandwidth_Bps"]) == pytest.approx(allreduce.fit(points))
-
-
-def test_parse_writes_the_results_and_refuses_to_write_over_them(tmp_path, capsys):
-    from benchmarks import allreduce
-
-    output = tmp_path / "unet-allreduce-7.out"
-    output.write_text(ALLREDUCE_OUTPUT)
-    argv = ["--parse", str(output), "--name", "test", "--where", "here", "--out_dir", str(tmp_path / "out")]
-    result = allreduce.main(argv)
-    assert json.loads((tmp_path / "out" / "test.json").read_text()) == json.loads(json.dumps(result))
-    assert "| 200000000 | 190.73 | 0.40020 | 0.50 |" in (tmp_path / "out" / "test.md").read_text()
-    with pytest.raises(SystemExit) as stopped:
-        allreduce.main(argv)
-    message = " ".join(capsys.readouterr().err.split())
-    assert stopped.value.code == 2 and "already holds test.json and test.md" in message
-    (tmp_path / "empty.out").write_text("nothing\n")
-    with pytest.raises(SystemExit):
-        allreduce.main(["--parse", str(tmp_path / "empty.out"), "--name", "x", "--out_dir", str(tmp_path / "o2")])
-    assert not (tmp_path / "o2").exists()
-
-
 def test_first_bucket_detection_follows_the_ddp_signature(monkeypatch):
     """A torch before PyTorch #121640 (2024) defaults bucket_cap_mb to 25 and keeps a 1 MiB first
     bucket; since, it defaults to None and gives the first bucket a given cap whole."""

@@ -13,6 +13,7 @@ Perlmutter #SBATCH lines) and environment variables differ from Perlmutter:
 Without root and without Slurm the module is skipped, except under CI (the CI variable set), where
 that is an error: CI must never skip these tests silently.
 """
+import json
 import math
 import os
 import re
@@ -20,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -392,3 +394,22 @@ def rank_processes(job_id):
         if environ.get("SLURM_JOB_ID") == job_id and b"train.py" in cmdline and "RANK" in environ:
             found.append((entry, environ["RANK"]))
     return found
+
+
+def test_the_allreduce_sweep_between_two_nodes(slurm, tmp_path):
+    """tests/slurm/allreduce.sh with a task on each node: gloo over the nodes' network, the profile written."""
+    out = tmp_path / "two-nodes.json"
+    env = {**slurm, "MASTER_PORT": str(free_port()), "PYTHON": sys.executable}
+    result = subprocess.run(["sbatch", "--parsable", "--wait", "-o", str(tmp_path / "%x-%j.out"), *TWO_NODES,
+                             os.path.join(ROOT, "tests", "slurm", "allreduce.sh"), "--min_bytes", "64K",
+                             "--max_bytes", "1M", "--iters", "3", "--warmup", "1", "--out", str(out)],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    job_id = result.stdout.strip().split(";")[0]
+    output = (tmp_path / f"unet-allreduce-{job_id}.out").read_text()
+    assert result.returncode == 0, output[-6000:] + result.stderr
+    from benchmarks import allreduce
+
+    profile = allreduce.check_profile(json.loads(out.read_text()))
+    assert (profile["backend"], profile["world_size"], profile["nodes"]) == ("gloo", 2, 2)
+    assert [r["bytes"] for r in profile["rows"]] == [65536, 131072, 262144, 524288, 1048576]
+    assert "gloo: 2 ranks on 2 node(s)" in output and "Traceback" not in output

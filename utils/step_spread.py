@@ -1,0 +1,125 @@
+"""The spread of step times across ranks, once an epoch: which rank is the straggler.
+
+In data-parallel training every step ends with the gradients' all-reduce, so every rank's step
+takes as long as the slowest rank's: the whole-step times of all ranks are the same, and they
+cannot tell who is slow. What differs is the work each rank does before it waits for the others.
+:class:`StepSpread` times, on each rank, every step from its start (the call of the step function)
+to the moment the rank's last gradient is computed, before the wait for the other ranks' gradients:
+its forward and backward. A rank whose GPU is throttled, whose CPU core is shared, or whose
+process is held up in its step shows there, and the fast ranks wait for it in the all-reduce.
+
+Each rank averages its own steps; at the epoch's end one all-gather of one number per rank (never
+one per step) gives rank 0 the spread, logged as
+
+    Step time across ranks (forward and backward, before the gradients' all-reduce): min 0.2101 s,
+    median 0.2113 s, max 0.4125 s (rank 1, the slowest)
+
+and to TensorBoard as ``Step spread/min_s``, ``median_s``, ``max_s`` and ``slowest_rank``.
+
+How it is timed: on a GPU with CUDA events recorded on the stream (read at the epoch's end, when the
+device has finished anyway: no synchronisation in the steps); on a CPU with the wall clock. The end
+of a step's own work is marked by a hook on every parameter after its gradient is accumulated (the
+last one to run marks it). Where no such hook runs, the spread is not measured and the line says so:
+a step replayed as one CUDA graph (train_graph.py after its warm-up) runs no Python. Under
+--parallel=fsdp and --domain_mesh the step's own work holds collectives too (FSDP's all-gathers, the
+halo exchanges), which wait for every rank, so a straggler shows less there than under DDP. The
+marks cost a CUDA event record per parameter tensor a step (24 in the U-Net), a few microseconds each.
+"""
+import logging
+import math
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+
+class _WallClock:
+    """Marks on the host's wall clock: a CPU's work is done when the host gets past it."""
+
+    def mark(self, _=None):
+        return time.perf_counter()
+
+    def seconds(self, start, end):
+        return end - start
+
+
+class _EventClock:
+    """Marks as CUDA events on the current stream: the time at which the GPU gets to them."""
+
+    def mark(self, event=None):
+        """Record ``event`` again (its last record stands), or a new one."""
+        event = event if event is not None else torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start, end):
+        return start.elapsed_time(end) / 1e3  # waits for ``end``: called once the epoch's work is done
+
+
+class StepSpread:
+    """Times each step's own work on this rank; :meth:`log` gathers and reports it once an epoch."""
+
+    def __init__(self, model, device, world):
+        self.world, self.device = world, device
+        self.clock = _EventClock() if device.type == "cuda" else _WallClock()
+        self.steps = []        # (start mark, end mark) of each step this epoch; end None if never marked
+        self._current = None   # the step under way: [start, end]
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.register_post_accumulate_grad_hook(self._gradient_ready)
+
+    def timed(self, step_fn):
+        """``step_fn`` with its start and the end of its own work marked."""
+        def step(*args, **kwargs):
+            self._current = [self.clock.mark(), None]
+            self.steps.append(self._current)
+            return step_fn(*args, **kwargs)
+
+        return step
+
+    def _gradient_ready(self, _parameter):
+        # Every parameter's hook re-marks the step's end, so the last one to run stands. Nothing is
+        # recorded while a CUDA graph is captured: a replay would not update the event.
+        if self._current is None or (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            return
+        self._current[1] = self.clock.mark(self._current[1])
+
+    def mean_seconds(self):
+        """This rank's mean own time per step this epoch; NaN unless every step was timed to its end."""
+        if not self.steps or any(end is None for _, end in self.steps):
+            return float("nan")
+        return sum(self.clock.seconds(start, end) for start, end in self.steps) / len(self.steps)
+
+    def gather(self):
+        """Every rank's (mean, steps timed), one all-gather for the epoch (called on all ranks alike);
+        then it starts afresh."""
+        local = torch.tensor([self.mean_seconds(), len(self.steps)], dtype=torch.float64,
+                             device=self.device if self.device.type == "cuda" else "cpu")  # NCCL: on the GPU
+        self.steps, self._current = [], None
+        if self.world.size == 1:
+            return [local.tolist()]
+        parts = [torch.empty_like(local) for _ in range(self.world.size)]
+        dist.all_gather(parts, local)
+        return [part.tolist() for part in parts]
+
+    def log(self, tensorboard, step):
+        """Gather the epoch's means and report their spread at global ``step`` (on rank 0). Nothing
+        when no rank took a step this epoch (a resumed run repeating a validation)."""
+        gathered = self.gather()
+        means = [mean for mean, _ in gathered]
+        if not any(count for _, count in gathered):
+            return None
+        if any(math.isnan(mean) for mean in means):  # some rank could not time its steps to their end
+            logging.info("Step time across ranks: not measured (no hook sees the end of a step replayed as a "
+                         "CUDA graph)")
+            return None
+        slowest = max(range(len(means)), key=means.__getitem__)
+        spread = {"min_s": min(means), "median_s": statistics.median(means), "max_s": means[slowest],
+                  "slowest_rank": slowest}
+        logging.info("Step time across ranks (forward and backward, before the gradients' all-reduce): min %.4f s, "
+                     "median %.4f s, max %.4f s (rank %d, the slowest)", spread["min_s"], spread["median_s"],
+                     spread["max_s"], slowest)
+        for name, value in spread.items():
+            tensorboard.scalar(f"Step spread/{name}", value, step)
+        return spread
