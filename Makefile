@@ -1,5 +1,5 @@
 # make demo        set up, make the synthetic data set if missing, train the demo config (GPU if present)
-# make test        set up and run the whole test suite (what CI runs), the Slurm tests included
+# make test        set up and run the whole test suite (what CI runs), the Slurm and container tests included
 # make test-slurm  only the tests that submit submit_pm.sh to a real two-node Slurm (run as root)
 # make figures     remake tutorial_images/ from the committed example_logs/
 # make data        only the synthetic data set;  make clean   remove the environment, data (data_large too) and runs

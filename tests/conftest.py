@@ -1,6 +1,8 @@
-"""Shared fixtures: small real HDF5 data sets made by the project's own generator."""
+"""Shared fixtures: small real HDF5 data sets made by the project's own generator, and the test Slurm cluster."""
 import importlib.util
 import os
+import shutil
+import socket
 import subprocess
 import sys
 
@@ -10,6 +12,7 @@ import torch
 from utils.generate_data import generate_box, write_h5
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SLURM_CLUSTER = os.path.join(ROOT, "tests", "slurm", "cluster.sh")
 
 
 def dali_installed():
@@ -28,6 +31,44 @@ def needs_cuda(reason="needs a CUDA device"):
     def mark(test):
         return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason=reason)(test))
     return mark
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def unavailable(reason):
+    """Skip, or fail under CI (where a skipped Slurm test would hide a broken batch script)."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set, so this is an error, not a skip)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A running two-node Slurm cluster (tests/slurm/cluster.sh); yields the environment for its client
+    commands. For tests/test_slurm.py and the container jobs of tests/test_docker.py."""
+    if os.geteuid() != 0:
+        unavailable("the test cluster needs root (slurmctld and slurmd run as root)")
+    if not all(shutil.which(tool) for tool in ("slurmctld", "munged", "ip", "nsenter", "unshare")):
+        result = subprocess.run([SLURM_CLUSTER, "install"], capture_output=True, text=True, timeout=900)
+        if result.returncode != 0:
+            unavailable(f"could not install slurm-wlm, munge and iproute2:\n{result.stdout[-2000:]}"
+                        f"{result.stderr[-2000:]}")
+    state = tmp_path_factory.mktemp("slurm")
+    # Names and a subnet of this session's own, so that a cluster someone else runs here is left alone.
+    env = {**os.environ, "SLURMCTLD_PORT": str(free_port()), "SLURMD_PORT": str(free_port()),
+           "SLURM_CLUSTER_NAME": f"t{os.getpid() % 10**5}", "SUBNET": f"10.213.{os.getpid() % 250}"}
+    env = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    started = subprocess.run([SLURM_CLUSTER, "start", str(state), "2"], env=env, capture_output=True, text=True,
+                             timeout=180)
+    try:
+        assert started.returncode == 0, f"the test cluster did not start:\n{started.stdout}{started.stderr}"
+        yield {**env, "SLURM_CONF": str(state / "slurm.conf")}
+    finally:
+        subprocess.run([SLURM_CLUSTER, "stop", str(state)], env=env, timeout=180)
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,54 +28,16 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import ROOT
+from conftest import ROOT, free_port
 from readme_commands import tutorial_text
 
 pytestmark = pytest.mark.slow
 
-CLUSTER = os.path.join(ROOT, "tests", "slurm", "cluster.sh")
 SUBMIT = os.path.join(ROOT, "submit_pm.sh")
 # What makes the Perlmutter directives fit a node without GPUs and with 2 CPUs.
 NEUTRAL = ["--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-node=0", "--constraint="]
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                 "DEADLINE", "PREEMPTED"}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def unavailable(reason):
-    """Skip, or fail under CI (where a skipped Slurm test would hide a broken batch script)."""
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI is set, so this is an error, not a skip)")
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def slurm(tmp_path_factory):
-    """A running two-node cluster; yields the environment for its client commands."""
-    if os.geteuid() != 0:
-        unavailable("the test cluster needs root (slurmctld and slurmd run as root)")
-    if not all(shutil.which(tool) for tool in ("slurmctld", "munged", "ip", "nsenter", "unshare")):
-        result = subprocess.run([CLUSTER, "install"], capture_output=True, text=True, timeout=900)
-        if result.returncode != 0:
-            unavailable(f"could not install slurm-wlm, munge and iproute2:\n{result.stdout[-2000:]}"
-                        f"{result.stderr[-2000:]}")
-    state = tmp_path_factory.mktemp("slurm")
-    # Names and a subnet of this session's own, so that a cluster someone else runs here is left alone.
-    env = {**os.environ, "SLURMCTLD_PORT": str(free_port()), "SLURMD_PORT": str(free_port()),
-           "SLURM_CLUSTER_NAME": f"t{os.getpid() % 10**5}", "SUBNET": f"10.213.{os.getpid() % 250}"}
-    env = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
-    started = subprocess.run([CLUSTER, "start", str(state), "2"], env=env, capture_output=True, text=True,
-                             timeout=180)
-    try:
-        assert started.returncode == 0, f"the test cluster did not start:\n{started.stdout}{started.stderr}"
-        yield {**env, "SLURM_CONF": str(state / "slurm.conf")}
-    finally:
-        subprocess.run([CLUSTER, "stop", str(state)], env=env, timeout=180)
 
 
 @pytest.fixture
