@@ -28,7 +28,8 @@
 # 15 MiB are cut in parts (rejoin: cat gpu_suite_<stage>.tgz.part* > x.tgz). A stage that fails does
 # not stop the next one; the exit status says whether all passed.
 #
-# The stages pass --overwrite (the tools alone refuse to write over results): the profiles stage
+# The stages pass --committed (the tools alone write under runs/benchmarks/) and --overwrite (they
+# alone never write over results): the profiles stage
 # regenerates sample_nsys_profiles/; the ladder and scaling stages write <device>-<date> files that
 # only a rerun on the same GPU the same day finds, and such a rerun redoes that day's measurement.
 set -uo pipefail
@@ -160,7 +161,7 @@ stage_tests-cpu() {
 
 stage_ladder() {
     # The compile rung skips itself, with the reason, where the preflight's compiler check fails.
-    step ladder 470 "$PYTHON" -m benchmarks.ladder --data_dir "$DATA_DIR" --overwrite --nbatches 15 --ntrials 3 \
+    step ladder 470 "$PYTHON" -m benchmarks.ladder --data_dir "$DATA_DIR" --committed --overwrite --nbatches 15 --ntrials 3 \
         --nwarmup 1
 }
 
@@ -168,9 +169,9 @@ stage_profiles() {
     local nsys=(--nsys)  # the profiles tool probes nsys itself when the preflight has not run here
     [ "$(preflight_says nsys_report)" = false ] && nsys=() && note "profiles without nsys: the preflight saw no report"
     local status=0
-    step profiles 200 "$PYTHON" -m benchmarks.profiles --data_dir "$DATA_DIR" "${nsys[@]}" --timeout 120 \
+    step profiles 200 "$PYTHON" -m benchmarks.profiles --data_dir "$DATA_DIR" "${nsys[@]}" --timeout 120 --committed \
         --overwrite || status=1
-    step layers 20 "$PYTHON" -m benchmarks.layers --overwrite || status=1
+    step layers 20 "$PYTHON" -m benchmarks.layers --committed --overwrite || status=1
     return $status
 }
 
@@ -179,7 +180,7 @@ stage_scaling() {
     # 2, 4, ... ranks up to its GPUs, with DDP and with --noddp. On one GPU train.py does not wrap the
     # model in DDP, so the two differ by run-to-run noise only: the baseline multi-GPU overheads are
     # read against.
-    step scaling 80 "$PYTHON" -m benchmarks.scaling --data_dir "$DATA_DIR" --timeout 120 --overwrite
+    step scaling 80 "$PYTHON" -m benchmarks.scaling --data_dir "$DATA_DIR" --timeout 120 --committed --overwrite
 }
 
 # --------------------------------------------------------------------------- the command line

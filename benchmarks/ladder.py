@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 
 import train
-from benchmarks.common import (ROOT, argument_parser, check_preset, claim_files, device_name, device_slug,
-                               make_data, next_free)
+from benchmarks.common import (add_output_options, argument_parser, check_preset, claim_files, device_name,
+                               device_slug, free_name, make_data, results_folder)
 from benchmarks.preflight import compile_problem
 from benchmarks.trials import run_trials
 from utils import get_data_loader_distributed
@@ -192,7 +192,7 @@ def markdown_table(report):
 @exit_on_user_error
 def main(argv=None):
     parser = argument_parser(__doc__, PRESETS)
-    parser.add_argument("--out_dir", default=os.path.join(ROOT, "benchmarks", "results"))
+    add_output_options(parser, "benchmarks/results", "ladder")
     parser.add_argument("--nbatches", type=int, default=20, help="batches per trial")
     parser.add_argument("--ntrials", type=int, default=3)
     parser.add_argument("--nwarmup", type=int, default=1)
@@ -206,13 +206,13 @@ def main(argv=None):
 
     name = device_name(device.type == "cuda")
     stamp = datetime.datetime.now(datetime.timezone.utc)
-    base = os.path.join(args.out_dir, f"{device_slug(name)}-{stamp:%Y-%m-%d}")
-    if args.out_dir == parser.get_default("out_dir") and not args.overwrite:  # a second run today: base-2
-        base = next_free(base, lambda b: any(os.path.exists(b + suffix) for suffix in (".json", ".md", ".log")))
+    out_dir = results_folder(args, "benchmarks/results", "ladder")
+    base = free_name(os.path.join(out_dir, f"{device_slug(name)}-{stamp:%Y-%m-%d}"), args,
+                     lambda b: any(os.path.exists(b + suffix) for suffix in (".json", ".md", ".log")))
     # Before anything is made or measured: the folder is shared, so only this run's three names count.
     claim_files([base + suffix for suffix in (".json", ".md", ".log")], args.overwrite,
                 earlier="an earlier run on this device today")
-    os.makedirs(args.out_dir, exist_ok=True)
+    os.makedirs(out_dir, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(message)s",
                         handlers=[logging.StreamHandler(sys.stdout), logging.FileHandler(base + ".log")])
 

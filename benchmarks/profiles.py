@@ -35,8 +35,9 @@ import sys
 
 import torch
 
-from benchmarks.common import (ROOT, argument_parser, check_preset, claim_folder, device_name, device_slug,
-                               holds_files, make_data, next_free, outcome, relative_args, run)
+from benchmarks.common import (ROOT, add_output_options, argument_parser, check_preset, claim_folder, device_name,
+                               device_slug, free_name, holds_files, make_data, outcome, relative_args, results_folder,
+                               run)
 from utils.errors import exit_on_user_error
 from utils.profiling import range_name
 
@@ -290,18 +291,19 @@ def write_readme(out_dir, entries, title, command, date):
 @exit_on_user_error
 def main(argv=None):
     parser = argument_parser(__doc__, PRESETS, scratch="profiles")
-    parser.add_argument("--out_dir", default=None, help="default: the preset's folder")
+    add_output_options(parser, "example_logs/cpu_profiles; GPU: sample_nsys_profiles", "cpu_profiles-<device>-<date>")
     parser.add_argument("--steps", type=int, default=4, help="profiled steps per rung")
     parser.add_argument("--only", default="", help="profile only rungs whose slug contains this text")
     parser.add_argument("--nsys", action="store_true", help="also try Nsight Systems on each rung")
     args = parser.parse_args(argv)
 
     preset = PRESETS[args.preset]
-    if not args.out_dir and not args.overwrite and holds_files(preset["out_dir"]):  # the committed profiles
-        stamp = datetime.datetime.now(datetime.timezone.utc)
-        args.out_dir = next_free(f"{preset['out_dir']}-{device_slug(device_name(args.preset == 'gpu'))}-"
-                                 f"{stamp:%Y-%m-%d}", holds_files)
-    args.out_dir = args.out_dir or preset["out_dir"]
+    dated = (f"{os.path.basename(preset['out_dir'])}-{device_slug(device_name(args.preset == 'gpu'))}-"
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}")
+    if args.committed and (args.overwrite or not holds_files(preset["out_dir"])):
+        args.out_dir = args.out_dir or preset["out_dir"]  # the committed profiles, remade
+    beside = results_folder(args, os.path.relpath(os.path.dirname(preset["out_dir"]), ROOT), "")
+    args.out_dir = args.out_dir or free_name(os.path.join(beside, dated), args, holds_files)
     check_preset(args.preset)
     claim_folder(args.out_dir, args.overwrite, written_here)  # before anything is made, removed or run
     rungs = [rung for rung in (GPU_RUNGS if args.preset == "gpu" else CPU_RUNGS) if args.only in rung[0]]

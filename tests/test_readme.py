@@ -174,9 +174,10 @@ NOT_RUN = [
 # the runs CPU runs on a GPU machine too.
 TINY = ("--Nsamples=16 --Nsamples_val=8 --num_epochs=1 --device=cpu --preview_image=false --val_metrics=false "
         "--checkpoint=false")
-# The domain_demo's 128^3 crops in two steps of one sample each.
+# The domain_demo's 128^3 crops in two steps of one sample each, on the synthetic loader's noise instead
+# of data_large/'s 256^3 box (tests/test_demo.py trains it on the learnable data).
 DOMAIN_TINY = ("--Nsamples=4 --Nsamples_val=2 --num_epochs=1 --device=cpu --preview_image=false --val_metrics=false "
-               "--checkpoint=false")
+               "--checkpoint=false --data_loader_config=synthetic")
 # The full-width, full-scale configs (base, short) shrunk to what a 2-core CPU trains in a second.
 SMALL_MODEL = "--crop_size=32 --base_channels=4 --global_batch_size=4 --full_scale=false"
 # benchy_config.yaml with 2 batches, 1 warm-up and 1 timed trial per kind: the trials take 4 epochs.

@@ -41,12 +41,20 @@ TRAIN_SPLIT, VALID_SPLIT = 0, 1
 MAKE_DATA = ("Make the synthetic data set with `python -m utils.generate_data` (it writes "
              "data/synthetic_train.h5 and data/synthetic_valid.h5), or point --train_path and "
              "--val_path at HDF5 files in the real data set's layout.")
+# The boxes of domain_demo's 128^3 crops (config/UNet.yaml), in the folder data_large/.
+MAKE_LARGE_DATA = ("Make the larger synthetic data set (a 256^3 training and a 128^3 validation box, 1.3 GB "
+                   "with their .npy copies) with `python -m utils.generate_data --train_size 256 --val_size 128 "
+                   "--out_dir data_large`, or point --train_path and --val_path at other HDF5 files.")
+
+
+def in_data_large(path):
+    return os.path.normpath(path).split(os.sep)[0] == "data_large"
 
 
 def inspect_volume(path, n_in, n_out):
     """The box side of an HDF5 data file, after checking it has the layout the loaders expect."""
     if not os.path.isfile(path):
-        raise UserError(f"The data file {path} does not exist. {MAKE_DATA}")
+        raise UserError(f"The data file {path} does not exist. {MAKE_LARGE_DATA if in_data_large(path) else MAKE_DATA}")
     try:
         with h5py.File(path, "r") as f:
             missing = [name for name in ("Nbody", "Hydro") if name not in f]
