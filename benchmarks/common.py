@@ -58,6 +58,15 @@ def results_folder(args, committed, user):
     return os.path.join(ROOT, committed) if args.committed else os.path.join(USER_RESULTS, user)
 
 
+def user_file(path):
+    """Where a file named on the command line goes: a bare name (``--out model.png``) under runs/benchmarks/,
+    made if missing, so that a plot does not land in the repository's top level; a path as given."""
+    if os.path.dirname(path):
+        return path
+    os.makedirs(USER_RESULTS, exist_ok=True)
+    return os.path.join(USER_RESULTS, path)
+
+
 def free_name(path, args, taken):
     """``path``, or where the tool chose the folder (no --out_dir) and no --overwrite asks to replace an
     earlier run's results, the first of ``path-2``, ``path-3``, ... that ``taken(name)`` says is free."""

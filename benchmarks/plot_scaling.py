@@ -17,6 +17,7 @@ import json
 import os
 import statistics
 
+from benchmarks.common import relative, user_file
 from utils import noise
 from utils.errors import UserError, exit_on_user_error
 
@@ -171,15 +172,15 @@ def main(argv=None):
     parser.add_argument("--unit", default=None,
                         help='what a rank is, for the axis labels (default: "GPUs", or "CPU ranks" for CPU runs)')
     parser.add_argument("--title", default="weak scaling")
-    parser.add_argument("--out", default="scaling.png")
+    parser.add_argument("--out", default="scaling.png", help="the plot (png; a bare file name goes to runs/benchmarks/)")
     args = parser.parse_args(argv)
 
     ddp, noddp = read_series(args.ddp, args.kind), read_series(args.noddp, args.kind)
     trials = {"ddp": read_trials(args.ddp, args.kind), "noddp": read_trials(args.noddp, args.kind)}
     args.unit = args.unit or rank_unit(args.ddp + args.noddp)
     print(markdown_table(ddp, noddp, args.unit, trials))
-    plot(ddp, noddp, args.kind, args.out, args.unit, args.title)
-    print(f"Plot: {args.out}")
+    plot(ddp, noddp, args.kind, user_file(args.out), args.unit, args.title)
+    print(f"Plot: {relative(user_file(args.out))}")
 
 
 if __name__ == "__main__":

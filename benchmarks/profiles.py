@@ -38,6 +38,7 @@ import torch
 from benchmarks.common import (ROOT, add_output_options, argument_parser, check_preset, claim_folder, device_name,
                                device_slug, free_name, holds_files, make_data, outcome, relative_args, results_folder,
                                run)
+from utils import noise
 from utils.errors import exit_on_user_error
 from utils.profiling import range_name
 
@@ -87,14 +88,17 @@ def summarise_trace(trace, steps, cuda=False):
     ``error``: a profile that shows no device work is a result to report, not one to pass.
     """
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-    phases = collections.defaultdict(float)
+    phases, step_ms = collections.defaultdict(float), []
     for event in events:
         if event.get("cat") != "user_annotation":
             continue
         base = range_name(event["name"])
         if base in PHASES:
             phases[base] += event["dur"] / 1e3
-    summary = {"steps": steps, "phase_ms_per_step": {p: round(phases[p] / steps, 3) for p in PHASES if p in phases}}
+        if base == "step":
+            step_ms.append(round(event["dur"] / 1e3, 3))
+    summary = {"steps": steps, "phase_ms_per_step": {p: round(phases[p] / steps, 3) for p in PHASES if p in phases},
+               "step_ms": step_ms}
 
     kernels = [e for e in events if e.get("cat") == "kernel"]
     if kernels:
@@ -256,6 +260,17 @@ How to open them:
 """
 
 
+def ranking_notes(entries):
+    """Under the table: for each rung whose steps the trials do not separate from the first rung's
+    (utils/noise.py), a line saying that the table does not rank the two."""
+    timed = [entry for entry in entries if len(entry.get("step_ms", ())) > 1]
+    notes = [f"- `{entry['rung']}` against `{timed[0]['rung']}`: {note}; the table does not rank them."
+             for entry in timed[1:]
+             for note in [noise.unranked_note(timed[0]["rung"], timed[0]["step_ms"], entry["rung"], entry["step_ms"])]
+             if note]
+    return ["", "Not a ranking (the steps' times overlap):", "", *notes] if notes else []
+
+
 def write_readme(out_dir, entries, title, command, date):
     lines = [README_HEAD.format(title=title, command=command, date=date), "| file | rung | device | date | "
              "mean ms per step: step / data copy in / forward / backward / optimizer | device busy |",
@@ -270,6 +285,7 @@ def write_readme(out_dir, entries, title, command, date):
         busy = f"{entry['device_busy']:.0%}" if entry.get("device_busy") is not None else "n/a (CPU)"
         lines.append(f"| `{entry['file']}` | {entry['rung']}: {entry['what']} | {entry['device']} | {entry['date']} "
                      f"| {cells} | {busy} |")
+    lines += ranking_notes(entries)
     lines += ["", "The commands, one per trace:", ""]
     for entry in entries:
         lines.append(f"- `{entry['rung']}`: `{entry['command']}`")

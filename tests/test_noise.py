@@ -66,3 +66,23 @@ def test_the_scaling_table_prints_no_overhead_the_trials_cannot_separate_from_ze
     assert "| 1 | 1.9 | - | 1.1 | within noise (trials vary 68%) |" in table
     assert table.endswith("Not a finding: the trials vary by 68% (ddp at 1: 1.34 to 2.64): the machine is busy; "
                           "rerun when it is idle.")
+
+
+def test_profiles_do_not_rank_rungs_whose_steps_overlap():
+    """benchmarks.profiles --preset cpu: the committed traces (the machine on its own) separate the two
+    rungs; the step times of a run on 2026-11-25 at a load average of 11 (ms, the same two rungs) do not."""
+    import gzip
+
+    from benchmarks import profiles
+
+    idle = []
+    for rung in ("baseline", "gpu_inmem"):
+        with gzip.open(os.path.join(ROOT, "example_logs", "cpu_profiles", f"{rung}.pt.trace.json.gz")) as f:
+            idle.append({"rung": rung, **profiles.summarise_trace(json.load(f), steps=4)})
+    assert len(idle[0]["step_ms"]) == 4 and profiles.ranking_notes(idle) == []
+    busy = [{"rung": "baseline", "step_ms": [6110.023, 6445.424, 6615.476, 6556.497]},
+            {"rung": "gpu_inmem", "step_ms": [5413.959, 4697.401, 6234.471, 4968.054]}]
+    assert profiles.ranking_notes(busy) == [
+        "", "Not a ranking (the steps' times overlap):", "",
+        "- `gpu_inmem` against `baseline`: the trials vary by 29% (gpu_inmem: 4.7e+03 to 6.23e+03): the machine is "
+        "busy; rerun when it is idle; the table does not rank them."]

@@ -464,7 +464,7 @@ RUN = {
     "python -m benchmarks.scaling_model --check": Run(data=False, check=check_output("| 32 nodes, local batch 64")),
     "python -m benchmarks.scaling_model --knobs": Run(data=False, check=check_output("| --ddp_comm_hook=bf16 |")),
     "python -m benchmarks.scaling_model --machine h100 --local_batch_size=128 --ddp_comm_hook=bf16 --out model.png": Run(
-        data=False, check=check_png("model.png")),
+        data=False, check=check_png("runs/benchmarks/model.png")),
     "torchrun --standalone --nproc_per_node=2 -m benchmarks.allreduce": Run(
         data=False, append="--repeats 1 --warmup 0", check=check_output("ALLREDUCE ranks=2 bytes=4096 ")),
     # Domain parallelism: two steps on 128^3 crops (the domain_demo's own size), on two ranks and on one.
@@ -477,7 +477,7 @@ RUN = {
     # Its inputs come from the sbatch loop above; here from two real one-rank CPU benchy runs.
     "python -m benchmarks.plot_scaling --ddp scaling/ddp_*.json --noddp scaling/noddp_*.json --out scaling.png": Run(
         before=(benchy_run("ddp_1"), benchy_run("noddp_1", "--noddp")),
-        env={"BENCHY_CONFIG_FILE": "{scratch}/benchy.yaml"}, check=check_png("scaling.png")),
+        env={"BENCHY_CONFIG_FILE": "{scratch}/benchy.yaml"}, check=check_png("runs/benchmarks/scaling.png")),
 }
 
 # The single-GPU performance section: each step is the short config with a few options, run here shrunk like
