@@ -1,9 +1,11 @@
-"""The command lines of README.md's ```bash blocks, and a scratch copy of the repository to run them in.
+"""The tutorial's files (README.md, then the chapters in docs/), the command lines of their ```bash
+blocks, and a scratch copy of the repository to run them in.
 
 Used by tests/test_readme.py, which classifies every command (run, or not run and why) and runs the
 CPU ones. A command here is what a reader would paste: backslash continuations joined, comments
 dropped, and a ``for ... done`` loop kept whole as one command.
 """
+import glob
 import os
 import re
 import shlex
@@ -15,6 +17,26 @@ import sys
 LINKED = ["train.py", "train_graph.py", "utils", "networks", "config", "benchy_config.yaml", "export_DDP_vars.sh",
           "submit_pm.sh", "Makefile", "requirements.txt", "requirements-test.txt", "requirements-dali.txt",
           "example_logs", "start_tensorboard.ipynb", "figures"]
+
+
+def tutorial_files(root):
+    """The tutorial in reading order: README.md (the hub), then the chapters docs/NN-*.md by number."""
+    chapters = sorted(glob.glob(os.path.join(root, "docs", "*.md")))
+    return ["README.md"] + [os.path.relpath(path, root) for path in chapters]
+
+
+def tutorial_texts(root):
+    """{path relative to ``root``: text} of the tutorial's files, in reading order."""
+    texts = {}
+    for path in tutorial_files(root):
+        with open(os.path.join(root, path)) as f:
+            texts[path] = f.read()
+    return texts
+
+
+def tutorial_text(root):
+    """The tutorial's files as one text, in reading order (for what is quoted somewhere in it)."""
+    return "\n".join(tutorial_texts(root).values())
 
 
 def bash_blocks(text):
@@ -62,7 +84,8 @@ def commands(block):
 
 
 def readme_commands(text):
-    """Every distinct command of the README's bash blocks, in order of first appearance."""
+    """Every distinct command of the bash blocks of ``text`` (e.g. ``tutorial_text(root)``), in order of
+    first appearance."""
     seen = []
     for block in bash_blocks(text):
         for command in commands(block):

@@ -4,6 +4,8 @@ import json
 import pytest
 
 from benchmarks import layers
+from conftest import ROOT
+from readme_commands import tutorial_text
 from utils.flops import unet_flops_per_sample
 from utils.YParams import YParams
 
@@ -47,6 +49,5 @@ def test_flop_table_shares_and_intensity(capsys):
     output = capsys.readouterr().out
     assert "Transposed convolutions: 68.2% of the FLOPs; all convolutions: 80.46 GFLOP per sample." in output
     assert "| down 1 | 4 -> 64 | 64 -> 32 | 2.15 | 2.7% | 171 |" in output
-    with open("README.md") as f:
-        readme = f.read()
+    readme = tutorial_text(ROOT)  # README.md and its chapters in docs/
     assert all(line in readme for line in output.splitlines() if line.startswith("| "))

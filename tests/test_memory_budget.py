@@ -13,6 +13,7 @@ import torch
 import train
 from benchmarks import memory_budget
 from conftest import ROOT
+from readme_commands import tutorial_text
 from utils.YParams import YParams, load_params
 from utils.losses import build_loss
 from utils.optim import Precision
@@ -118,8 +119,7 @@ def test_gpu_inmem_volumes_of_the_real_data():
 
 def test_readme_quotes_the_tools_output(capsys):
     """The README's budget is the output of the command it shows, line for line."""
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
+    readme = tutorial_text(ROOT)  # README.md and its chapters in docs/
     command = "python -m benchmarks.memory_budget --config=bs64_opt --gpu_memory_gib=40"
     assert command in readme
     memory_budget.main(command.split()[3:])

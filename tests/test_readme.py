@@ -1,7 +1,9 @@
-"""README.md: links, images and section anchors exist; the Quick start is there; every command it shows
-is either run here on CPU or listed with the reason it is not.
+"""The tutorial, README.md (the hub) and its chapters docs/*.md: links, images and section anchors exist;
+every chapter is linked from the hub; the Quick start is there; every command they show is either run
+here on CPU or listed with the reason it is not.
 
-Every command of the README's ```bash blocks (tests/readme_commands.py extracts them) must appear in
+Every command of their ```bash blocks (tests/readme_commands.py extracts them, hub first, then the
+chapters in order) must appear in
 RUN or in NOT_RUN below; a command in neither fails `test_every_readme_command_is_classified`, so a
 new command cannot enter the README untested by accident. RUN commands are run as written, from a
 scratch directory (links to the code, small real data files in data/, nothing written into the
@@ -23,16 +25,35 @@ import pytest
 import yaml
 
 from conftest import ROOT, dali_installed, needs_dali
-from readme_commands import copy_data, make_scratch, readme_commands, shell_line
+from readme_commands import copy_data, make_scratch, readme_commands, shell_line, tutorial_text, tutorial_texts
 from utils.generate_data import generate_box, write_h5
 
-README = open(os.path.join(ROOT, "README.md")).read()
+FILES = tutorial_texts(ROOT)  # {"README.md": ..., "docs/01-...md": ...}, in reading order
+README = FILES["README.md"]
+TEXT = tutorial_text(ROOT)
 
 
 def relative_targets(text):
     for target in re.findall(r"\]\(([^)\s]+)\)", text):
         if not target.startswith(("http://", "https://", "#", "mailto:")):
             yield target.split("#")[0]
+
+
+def resolve(path, target):
+    """A link's target in the file ``path`` (relative to the repository), as a path relative to the repository."""
+    return os.path.normpath(os.path.join(os.path.dirname(path), target))
+
+
+def section(heading):
+    """The text under ``heading`` (a whole heading line, e.g. "### Large-batch convergence") up to the
+    next heading of the same or a higher level, in whichever file of the tutorial holds it."""
+    level = heading.split(" ", 1)[0]
+    for text in FILES.values():
+        match = re.search(rf"^{re.escape(heading)}\n", text, flags=re.M)
+        if match:
+            end = re.search(rf"^#{{1,{len(level)}}} ", text[match.end():], flags=re.M)
+            return text[match.end():match.end() + end.start()] if end else text[match.end():]
+    raise AssertionError(f"no file of the tutorial has the heading {heading!r}")
 
 
 def anchors(text):
@@ -42,15 +63,39 @@ def anchors(text):
 
 
 def test_every_relative_link_and_image_exists():
-    targets = list(relative_targets(README))
-    assert targets, "the README links to the code"
-    missing = [t for t in targets if not os.path.exists(os.path.join(ROOT, t))]
-    assert not missing, missing
+    checked = 0
+    for path, text in FILES.items():
+        targets = [resolve(path, target) for target in relative_targets(text) if target]
+        missing = [t for t in targets if not os.path.exists(os.path.join(ROOT, t))]
+        assert not missing, (path, missing)
+        checked += len(targets)
+    assert checked, "the tutorial links to the code"
 
 
 def test_every_section_link_has_its_heading():
-    links = re.findall(r"\]\(#([^)]+)\)", README)
-    assert links and not set(links) - anchors(README), set(links) - anchors(README)
+    """``#anchor`` links within a file, and ``file.md#anchor`` links to another file of the tutorial."""
+    checked = 0
+    for path, text in FILES.items():
+        for target, anchor in re.findall(r"\]\(([^)\s#]*)#([^)\s]+)\)", text):
+            if target.startswith(("http://", "https://")):
+                continue
+            destination = resolve(path, target) if target else path
+            assert destination in FILES, f"{path} links to {target}#{anchor}, not a file of the tutorial"
+            assert anchor in anchors(FILES[destination]), f"{path}: no heading for #{anchor} in {destination}"
+            checked += 1
+    assert checked, "the tutorial links to its own sections"
+
+
+CHAPTER_LIST = "## Chapters"  # the hub's list of the chapters
+
+
+def test_the_hub_links_every_chapter_in_order():
+    """README.md links each docs/*.md; the chapters' numbers give the reading order (the in-order test's)."""
+    chapters = [path for path in FILES if path != "README.md"]
+    assert chapters and all(re.fullmatch(r"docs/\d\d-[\w-]+\.md", path) for path in chapters), chapters
+    listed = [resolve("README.md", t) for t in relative_targets(section(CHAPTER_LIST))]
+    listed = sorted(set(listed) & set(chapters), key=listed.index)
+    assert listed == chapters, f"the hub's {CHAPTER_LIST!r} lists every chapter, in their order: {listed}"
 
 
 def test_quick_start_has_the_two_commands_and_ci_runs_the_second():
@@ -68,7 +113,7 @@ def table_rows(text):
     return rows[0], {row[0]: dict(zip(rows[0], row)) for row in rows[1:]}
 
 
-RESULTS_LINK = r"\]\((benchmarks/results/[^)]+\.md)\)"
+RESULTS_LINK = r"\]\(((?:\.\./)*benchmarks/results/[^)]+\.md)\)"
 
 
 def results_table(path):
@@ -80,43 +125,85 @@ def test_quoted_benchmark_numbers_are_those_of_the_results_file_linked():
     """A table right after a paragraph that links a results file (benchmarks/results/**/*.md) repeats that
     file's rows; a table row that links one repeats that file's row for the same first column."""
     checked = 0
-    for link in re.finditer(RESULTS_LINK, README):  # a paragraph with the link, then the table
-        rest = README[link.end():]
-        if not rest[rest.index("\n\n") + 2:].startswith("|"):
-            continue
-        header, measured = results_table(link.group(1))
-        quoted_header, quoted = table_rows(rest)
-        assert set(quoted_header) <= set(header), (quoted_header, header)
-        for name, cells in quoted.items():
-            assert name in measured, f"the README quotes a row {name!r} that {link.group(1)} does not have"
-            assert cells == {column: measured[name][column] for column in cells}, (name, cells, measured[name])
-            checked += 1
-    for table in re.findall(r"(?:^\|.*\n)+", README, flags=re.M):  # rows that link their own results file
-        quoted_header, quoted = table_rows("\n" + table)
-        for cells in quoted.values():
-            link = re.search(RESULTS_LINK, " ".join(cells.values()))
-            if not link:
+    for path, text in FILES.items():
+        for link in re.finditer(RESULTS_LINK, text):  # a paragraph with the link, then the table
+            rest = text[link.end():]
+            if "\n\n" not in rest or not rest[rest.index("\n\n") + 2:].startswith("|"):
                 continue
-            header, measured = results_table(link.group(1))
-            row = measured[cells[header[0]]]
-            shared = [column for column in quoted_header if column in header]
-            assert len(shared) >= 3 and all(cells[column] == row[column] for column in shared), (cells, row)
-            checked += 1
-    assert checked >= 7, "the README quotes the CPU ladder, the CPU scaling run and the DDP knobs"
+            results = resolve(path, link.group(1))
+            header, measured = results_table(results)
+            quoted_header, quoted = table_rows(rest)
+            assert set(quoted_header) <= set(header), (path, quoted_header, header)
+            for name, cells in quoted.items():
+                assert name in measured, f"{path} quotes a row {name!r} that {results} does not have"
+                assert cells == {column: measured[name][column] for column in cells}, (name, cells, measured[name])
+                checked += 1
+        for table in re.findall(r"(?:^\|.*\n)+", text, flags=re.M):  # rows that link their own results file
+            quoted_header, quoted = table_rows("\n" + table)
+            for cells in quoted.values():
+                link = re.search(RESULTS_LINK, " ".join(cells.values()))
+                if not link:
+                    continue
+                header, measured = results_table(resolve(path, link.group(1)))
+                row = measured[cells[header[0]]]
+                shared = [column for column in quoted_header if column in header]
+                assert len(shared) >= 3 and all(cells[column] == row[column] for column in shared), (cells, row)
+                checked += 1
+    assert checked >= 7, "the tutorial quotes the CPU ladder, the CPU scaling run and the DDP knobs"
 
 
 def test_every_cpu_scaling_command_names_its_ranks():
     """Without --ranks the CPU preset runs 1, 2, 4, ... up to every core of the machine: ten torchrun runs on
     a 16-core GPU node. The README's CPU commands name the sizes they were measured with (the GPU
     preset's default, every GPU of the node, is what it is for)."""
-    commands = [command for command in readme_commands(README) if "benchmarks.scaling --preset cpu" in command]
+    commands = [command for command in readme_commands(TEXT) if "benchmarks.scaling --preset cpu" in command]
     assert len(commands) >= 4 and all("--ranks" in command for command in commands), commands
+
+
+def test_the_loader_ratio_quoted_is_that_of_the_ladder():
+    """Every "N times (faster than) the original's" of the tutorial is the ladder's IO of the GPU-resident
+    loader over that of the original's lowmem, in the results file its table quotes."""
+    with open(os.path.join(ROOT, "benchmarks", "results", "cpu-vm-2-cores-2026-11-25.json")) as f:
+        io = {run["name"]: run["io"] for run in json.load(f)["runs"]}
+    ratio = io["gpu-inmem on CPU tensors"] / io["original's lowmem: 24 rotations, velocities not turned, 2 workers"]
+    quoted = re.findall(r"(\d+(?:\.\d+)?) times (?:faster than )?the original", " ".join(TEXT.split()))
+    assert len(quoted) >= 3 and set(quoted) == {f"{ratio:.1f}"}, (quoted, ratio)
+
+
+TRACKS = ("## CPU track", "## GPU/cluster track")
+
+
+def track_rows(heading):
+    _, rows = table_rows(section(heading))
+    return list(rows.values())
+
+
+def test_the_tracks_run_the_chapters_commands_and_quote_their_numbers():
+    """Each step of the hub's two tracks: its commands are commands of the tutorial's code blocks (so
+    they are run here or listed with a reason), and every number it gives to compare (a decimal, a
+    percentage, three digits or more) is written in the hub outside the tracks or in the chapter the step
+    links."""
+    hub = README
+    for heading in TRACKS:
+        hub = hub.replace(section(heading), "")
+    for heading in TRACKS:
+        rows = track_rows(heading)
+        assert len(rows) >= 8, heading
+        for row in rows:
+            commands = re.findall(r"`([^`]+)`", row["command"])
+            assert commands and all(c in COMMANDS for c in commands), (heading, commands)
+            links = [resolve("README.md", t) for t in relative_targets(" ".join(row.values()))]
+            where = " ".join(" ".join(text.split()) for text in [hub, *(FILES[path] for path in links if path in FILES)])
+            for number in re.findall(r"\d+(?:\.\d+)?(?:e-\d+)?%?", row["the number to compare"]):
+                if "." in number or "%" in number or len(number) >= 3:
+                    assert number in where, (heading, row["step"], number)
+    assert "2 to 5 times as long" in " ".join(section("## CPU track").split())
 
 
 def test_large_batch_table_is_that_of_the_example_logs():
     """The README's large-batch table: each run's batch, epochs, steps and final loss, from its committed logs."""
-    section = README.split("### Large-batch convergence", 1)[1].split("\n## ", 1)[0]
-    _, rows = table_rows(section[section.index("| run |") - 1:])
+    text = section("### Large-batch convergence")
+    _, rows = table_rows(text[text.index("| run |") - 1:])
     runs = {"`demo`": "example_logs/demo", "`demo_bs32_test`": "example_logs/large_batch/demo_bs32_test",
             "`demo_bs32_opt`": "example_logs/large_batch/demo_bs32_opt"}
     assert set(rows) == set(runs)
@@ -510,7 +597,7 @@ RUN.update({
         marks=(needs_dali,)),
 })
 
-COMMANDS = readme_commands(README)
+COMMANDS = readme_commands(TEXT)  # the hub's, then each chapter's, in reading order
 
 
 def classify(command):
@@ -629,8 +716,7 @@ def test_scaling_model_prose_is_that_of_its_report():
     (benchmarks/results/scaling_model/report.json) or from the model's code, as its tables do."""
     from benchmarks import scaling_model as model
 
-    section = README.split("### A scaling model on paper", 1)[1].split("\n## ", 1)[0]
-    text = " ".join(section.split())  # line breaks as spaces
+    text = " ".join(section("# A scaling model on paper").split())  # line breaks as spaces
     with open(os.path.join(ROOT, "benchmarks", "results", "scaling_model", "report.json")) as f:
         report = json.load(f)
     assert f"trains only {report['rate_16']:.0f} samples/s at local batch 16" in text
@@ -666,7 +752,8 @@ IN_ORDER_AS_WRITTEN = {"python -m utils.generate_data --out_dir data"}
 
 @pytest.mark.slow
 def test_readme_commands_run_in_order_in_one_fresh_copy(tmp_path, readme_data):
-    """A reader who runs the README's commands in its order, in one fresh copy of the repository:
+    """A reader who runs the tutorial's commands in reading order (README.md, then the chapters
+    docs/01-*.md, docs/02-*.md, ...), in one fresh copy of the repository:
     every command run here exits 0 (no run directory collides with an earlier command's, no tool
     refuses its documented command because an earlier one wrote its results); CPU-sized as above,
     the same state carried from each command to the next."""

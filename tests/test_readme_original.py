@@ -15,10 +15,9 @@ import shlex
 import pytest
 
 from conftest import ROOT
-from readme_commands import readme_commands
+from readme_commands import readme_commands, tutorial_text
 
-with open(os.path.join(ROOT, "README.md")) as f:
-    README_COMMANDS = readme_commands(f.read())
+README_COMMANDS = readme_commands(tutorial_text(ROOT))  # the hub's and the chapters' (docs/)
 
 # Every command of the original tutorial's README: its training and batch commands in its order, then its
 # set-up commands (appended, so that the indices below stay).
@@ -117,6 +116,36 @@ ABSENT = {
     ORIGINAL[24]: "--disable_broadcast_buffers changes nothing for this model (no buffers); the README profiles "
                   "the default and the 100 MB buckets",
 }
+
+
+# The original README's section headings, in its order ("Profiling with Nsight Systems" is there twice: the
+# single-GPU one and the multi-GPU one), spelt as there, so that a reader with it in hand can search for them.
+ORIGINAL_SECTIONS = [
+    "Links", "Installation and Setup", "Software environment", "Installing Nsight Systems",
+    "Model, data, and training code overview", "Single GPU training",
+    "Single GPU performance profiling and optimization", "Profiling with Nsight Systems",
+    "Adding NVTX ranges and profiler controls", "Using the benchy profiling tool", "Data loading optimizations",
+    "Improving the native PyTorch dataloader performance", "Using NVIDIA DALI", "Enabling Mixed Precision Training",
+    "Just-in-time (JIT) compiliation and APEX fused optimizers", "Using CUDA Graphs (optional)",
+    "Full training with optimizations", "Distributed GPU training", "Code basics", "Large batch convergence",
+    "Multi-GPU performance profiling and optimization", "Weak and Strong Throughput Scaling",
+    "Profiling with Nsight Systems", "Adjusting DistributedDataParallel options", "Putting it all together",
+]
+
+
+def test_every_section_of_the_original_is_found_from_the_hub():
+    """README.md's table "For readers of the original tutorial" names each of the original's sections (as
+    often as the original has it) in its first column and links, in the same row, the chapter section that
+    stands for it (tests/test_readme.py checks that the link's file and heading exist)."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        hub = f.read()
+    table = hub.split("### For readers of the original tutorial", 1)[1].split("\n#", 1)[0]
+    rows = [line.strip("|").split("|") for line in table.splitlines() if line.startswith("| ")][1:]
+    named = []
+    for first, here in rows:
+        assert re.search(r"\]\(docs/\d\d-[\w-]+\.md#[\w-]+\)", here), here
+        named += [re.sub(r" \(multi-GPU\)$", "", name.strip()) for name in first.split(";")]
+    assert sorted(named) == sorted(ORIGINAL_SECTIONS)
 
 
 def parse(command):

@@ -28,6 +28,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import ROOT
+from readme_commands import tutorial_text
 
 pytestmark = pytest.mark.slow
 
@@ -267,7 +268,7 @@ def when_checkpointed(job, run_dir, timeout=180):
 
 def test_two_nodes_train_as_one_node_does(slurm, data_dir, tmp_path):
     """Rank 0 on node1, rank 1 on node2, the rendezvous on node1: the same losses as two ranks on one node."""
-    readme = Path(ROOT, "README.md").read_text()
+    readme = tutorial_text(ROOT)  # README.md and its chapters in docs/
     assert f"sbatch {' '.join(TWO_NODES)} ./submit_pm.sh --config=test --device=cpu" in readme  # what it says is tested
     args = ["--config=test", "--device=cpu", "--Nsamples=32", "--num_epochs=2"]
     two = Job(slurm, tmp_path / "two", TWO_NODES, args, **data_dir)
@@ -294,7 +295,7 @@ def test_two_nodes_share_each_sample_as_one_process_trains_it(slurm, data_dir, t
     """--domain_mesh=[2,1,1] with rank 0 on node1 and rank 1 on node2: each sample's crop is split along
     depth between the nodes, which exchange halos over their network at every convolution. Every scalar
     and the weights are those of one undivided process (a one-rank job) with the same global batch of 4."""
-    readme = Path(ROOT, "README.md").read_text()
+    readme = tutorial_text(ROOT)
     assert f"sbatch {' '.join(TWO_NODES)} ./submit_pm.sh {' '.join(DOMAIN_RUN)} \"--domain_mesh=[2,1,1]\"" in readme
     two = Job(slurm, tmp_path / "two", TWO_NODES, [*DOMAIN_RUN, "--domain_mesh=[2,1,1]"], **data_dir)
     one = Job(slurm, tmp_path / "one", ONE_RANK, DOMAIN_RUN, **data_dir)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from readme_commands import tutorial_text
 from utils.YParams import YParams, load_params, parse_command_line, read_yaml
 from utils.errors import UserError
 
@@ -198,8 +199,7 @@ def test_the_original_configs_keep_the_originals_values(name):
 
 def test_the_opt_configs_have_the_workers_the_readme_states():
     """Every place the README gives the _opt configs' DALI threads names what the configs set."""
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
+    readme = tutorial_text(ROOT)  # README.md and its chapters in docs/
     stated = re.findall(r"`dali-lowmem`\s+with\s+(\d+)\s+(?:workers|DALI threads)", readme)
     assert len(stated) >= 2, "the README states the _opt configs' DALI threads"
     for name in ORIGINAL_CONFIGS:
