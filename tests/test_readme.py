@@ -362,7 +362,7 @@ def check_benchy(config):
 
 
 def check_ladder(scratch, output):
-    (path,) = glob.glob(os.path.join(scratch, "benchmarks", "results", "*.json"))
+    (path,) = glob.glob(os.path.join(scratch, "runs", "benchmarks", "ladder", "*.json"))
     with open(path) as f:
         report = json.load(f)
     assert report["command"] == "python -m benchmarks.ladder --preset cpu --nbatches 2 --ntrials 1 --nwarmup 1"
@@ -409,7 +409,7 @@ def check_profiles(scratch, output):
 
 
 def check_scaling(scratch, output):
-    (path,) = glob.glob(os.path.join(scratch, "benchmarks", "results", "scaling", "*", "scaling.json"))
+    (path,) = glob.glob(os.path.join(scratch, "runs", "benchmarks", "scaling", "*", "scaling.json"))
     with open(path) as f:
         index = json.load(f)
     assert [(p["mode"], p["ranks"]) for p in index["points"]] == [("ddp", 1), ("noddp", 1)]
@@ -419,7 +419,7 @@ def check_scaling(scratch, output):
 
 def check_ddp_options(options, folder_suffix):
     def check(scratch, output):
-        (path,) = glob.glob(os.path.join(scratch, "benchmarks", "results", "scaling", f"*-{folder_suffix}",
+        (path,) = glob.glob(os.path.join(scratch, "runs", "benchmarks", "scaling", f"*-{folder_suffix}",
                                          "scaling.json"))
         with open(path) as f:
             index = json.load(f)
@@ -430,7 +430,7 @@ def check_ddp_options(options, folder_suffix):
 
 
 def check_strong_scaling(scratch, output):
-    (path,) = glob.glob(os.path.join(scratch, "benchmarks", "results", "scaling", "*-strong-16-*", "scaling.json"))
+    (path,) = glob.glob(os.path.join(scratch, "runs", "benchmarks", "scaling", "*-strong-16-*", "scaling.json"))
     with open(path) as f:
         index = json.load(f)
     assert index["global_batch"] == 16 and all("file" in p for p in index["points"]), index["points"]
