@@ -1,6 +1,12 @@
 """What the benchmark tools share: the data set they measure on, the device's name, an output folder
 that an earlier run's results are not silently lost in, and running a real command with its output
-kept and a time limit."""
+kept and a time limit.
+
+Where results go, the same for every tool: a user's run writes under ``runs/benchmarks/<tool>/``
+(ignored by git), never into the committed results the README quotes (``benchmarks/results/``,
+``example_logs/``) unless asked with ``--committed``. Without ``--out_dir`` a tool that finds
+today's name taken by an earlier run writes beside it, ``<name>-2``, ``-3``, ...; a folder named with
+``--out_dir`` that holds results is refused unless ``--overwrite``, which replaces them."""
 import argparse
 import contextlib
 import json
@@ -15,6 +21,7 @@ import torch
 from utils.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USER_RESULTS = os.path.join(ROOT, "runs", "benchmarks")  # a user's results: runs/ is ignored by git
 
 
 def argument_parser(doc, presets, scratch=None):
@@ -32,6 +39,38 @@ def argument_parser(doc, presets, scratch=None):
                             help="scratch space for the runs' directories (not kept)")
         parser.add_argument("--timeout", type=int, default=300, help="seconds per run")
     return parser
+
+
+def add_output_options(parser, committed, user, out_dir_help=""):
+    """--out_dir and --committed: ``committed`` is the tool's folder of committed results (relative to the
+    repository), ``user`` its folder under runs/benchmarks/."""
+    parser.add_argument("--out_dir", default=None, help=out_dir_help or (
+        f"where the results go (default: runs/benchmarks/{user}/, not tracked by git)"))
+    parser.add_argument("--committed", action="store_true", help=f"write where the results the README quotes "
+                        f"are ({committed}), instead of runs/benchmarks/: to remake them")
+
+
+def results_folder(args, committed, user):
+    """The folder a tool's results go in: --out_dir; else runs/benchmarks/<user>, or with --committed the
+    committed folder."""
+    if args.out_dir:
+        return args.out_dir
+    return os.path.join(ROOT, committed) if args.committed else os.path.join(USER_RESULTS, user)
+
+
+def user_file(path):
+    """Where a file named on the command line goes: a bare name (``--out model.png``) under runs/benchmarks/,
+    made if missing, so that a plot does not land in the repository's top level; a path as given."""
+    if os.path.dirname(path):
+        return path
+    os.makedirs(USER_RESULTS, exist_ok=True)
+    return os.path.join(USER_RESULTS, path)
+
+
+def free_name(path, args, taken):
+    """``path``, or where the tool chose the folder (no --out_dir) and no --overwrite asks to replace an
+    earlier run's results, the first of ``path-2``, ``path-3``, ... that ``taken(name)`` says is free."""
+    return path if args.out_dir or args.overwrite else next_free(path, taken)
 
 
 def check_preset(preset):
@@ -104,12 +143,19 @@ def remove(paths):
 
 
 def make_data(data_dir, box):
-    """The synthetic data set (with the .npy copies DALI reads), made once."""
+    """The synthetic data set (with the .npy copies DALI reads), made once, and said so: it is a second
+    data set beside the tutorial's data/ (boxes of the preset's size), kept for the next run."""
     from utils import generate_data
 
     train_path = os.path.join(data_dir, "synthetic_train.h5")
     if not os.path.exists(train_path):
+        print(f"Making the benchmarks' own synthetic data set in {relative(data_dir)}/ ({box}^3 training and "
+              f"{box // 2}^3 validation box, about {2 * 9 * 4 * (box ** 3 + (box // 2) ** 3) / 1e6:.0f} MB with "
+              "the .npy copies); kept for the next run, `make clean` or deleting the folder removes it.", flush=True)
         generate_data.main(["--out_dir", data_dir, "--train_size", str(box), "--val_size", str(box // 2)])
+    else:
+        print(f"Data: the benchmarks' synthetic data set in {relative(data_dir)}/ (made by an earlier run).",
+              flush=True)
     return train_path, os.path.join(data_dir, "synthetic_valid.h5")
 
 

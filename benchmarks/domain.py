@@ -32,7 +32,8 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-from benchmarks.common import claim_folder, device_name, device_slug, relative  # noqa: E402
+from benchmarks.common import (add_output_options, claim_folder, device_name, device_slug, free_name,  # noqa: E402
+                               holds_files, relative, results_folder)
 from networks.UNet import UNet  # noqa: E402
 from utils.YParams import YParams  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
@@ -255,12 +256,13 @@ def main(argv=None):
     parser.add_argument("--crops", type=int, nargs="+", default=[128])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--base_channels", type=int, default=64)
-    parser.add_argument("--out_dir", default=None, help="default: benchmarks/results/domain/<device>-<date>")
+    add_output_options(parser, "benchmarks/results/domain", "domain")
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
     date = datetime.date.today().isoformat()
     device = device_name(gpu=False)
-    out_dir = args.out_dir or os.path.join(ROOT, "benchmarks", "results", "domain", f"{device_slug(device)}-{date}")
+    out_dir = args.out_dir or free_name(os.path.join(results_folder(args, "benchmarks/results/domain", "domain"),
+                                                     f"{device_slug(device)}-{date}"), args, holds_files)
     claim_folder(out_dir, args.overwrite, lambda name: name in ("domain.json", "domain.md"))
     multiple = UNet.size_multiple(True)
     plan = [(crop, ranks) for crop in args.crops for ranks in args.ranks if crop % (ranks * multiple) == 0]

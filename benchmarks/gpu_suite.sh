@@ -43,6 +43,8 @@
 # its tools at tiny sizes on the CPU presets, the GPU-only steps skipped by their own checks (what
 # tests/test_gpu_plan.py does to prove each command of the plan on a bare machine), each stage's
 # budget then STAGE_LIMIT.
+# The tools write where RESULTS says (--out_dir, with --overwrite: a stage redoes that day's
+# measurement); run alone, without --out_dir, they write under runs/benchmarks/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 import torch
 
 import train
-from benchmarks.common import (ROOT, argument_parser, check_preset, claim_files, device_name, device_slug,
-                               make_data, next_free, outcome, run)
+from benchmarks.common import (add_output_options, argument_parser, check_preset, claim_files, device_name,
+                               device_slug, free_name, make_data, outcome, results_folder, run)
 from benchmarks.preflight import compile_problem
 from benchmarks.trials import BatchStream, run_trials
 from utils import get_data_loader_distributed
@@ -248,23 +248,23 @@ def markdown_table(report):
     def number(value, digits=1):
         return "n/a" if value is None else f"{value:.{digits}f}"
 
-    for run in sorted(report["runs"], key=lambda run: run.get("step", 0)):  # the ladder's order
-        if "error" in run:
-            outcome = run["error"] if run["error"].startswith("skipped") else f"failed: {run['error']}"
-            lines.append(f"| {run['name']} | {outcome} | | | | | |")
+    for entry in sorted(report["runs"], key=lambda entry: entry.get("step", 0)):  # the ladder's order
+        if "error" in entry:
+            outcome = entry["error"] if entry["error"].startswith("skipped") else f"failed: {entry['error']}"
+            lines.append(f"| {entry['name']} | {outcome} | | | | | |")
             continue
-        mfu = run["mfu"] or {}
-        name = f"{run['name']} (slow here: {run['slow']})" if run.get("slow") else run["name"]
-        lines.append(f"| {name} | {number(run['full'])} | {number(run['synthetic'])} | {number(run['io'])} "
+        mfu = entry["mfu"] or {}
+        name = f"{entry['name']} (slow here: {entry['slow']})" if entry.get("slow") else entry["name"]
+        lines.append(f"| {name} | {number(entry['full'])} | {number(entry['synthetic'])} | {number(entry['io'])} "
                      f"| {number(mfu.get('synthetic'), 3)} | {number(mfu.get('full'), 3)} "
-                     f"| {number(run['peak_mem_gb'], 2)} |")
+                     f"| {number(entry['peak_mem_gb'], 2)} |")
     return "\n".join(lines) + "\n"
 
 
 @exit_on_user_error
 def main(argv=None):
     parser = argument_parser(__doc__, PRESETS)
-    parser.add_argument("--out_dir", default=os.path.join(ROOT, "benchmarks", "results"))
+    add_output_options(parser, "benchmarks/results", "ladder")
     parser.add_argument("--nbatches", type=int, default=20, help="batches per trial")
     parser.add_argument("--ntrials", type=int, default=3)
     parser.add_argument("--nwarmup", type=int, default=1)
@@ -285,13 +285,13 @@ def main(argv=None):
 
     name = device_name(device.type == "cuda")
     stamp = datetime.datetime.now(datetime.timezone.utc)
-    base = os.path.join(args.out_dir, f"{device_slug(name)}-{stamp:%Y-%m-%d}")
-    if args.out_dir == parser.get_default("out_dir") and not args.overwrite:  # a second run today: base-2
-        base = next_free(base, lambda b: any(os.path.exists(b + suffix) for suffix in (".json", ".md", ".log")))
+    out_dir = results_folder(args, "benchmarks/results", "ladder")
+    base = free_name(os.path.join(out_dir, f"{device_slug(name)}-{stamp:%Y-%m-%d}"), args,
+                     lambda b: any(os.path.exists(b + suffix) for suffix in (".json", ".md", ".log")))
     # Before anything is made or measured: the folder is shared, so only this run's three names count.
     claim_files([base + suffix for suffix in (".json", ".md", ".log")], args.overwrite,
                 earlier="an earlier run on this device today")
-    os.makedirs(args.out_dir, exist_ok=True)
+    os.makedirs(out_dir, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(message)s",
                         handlers=[logging.StreamHandler(sys.stdout), logging.FileHandler(base + ".log")])
 

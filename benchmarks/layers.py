@@ -25,8 +25,8 @@ import time
 import torch
 
 import train
-from benchmarks.common import (ROOT, argument_parser, check_preset, claim_files, device_name, device_slug,
-                               next_free, write_report)
+from benchmarks.common import (add_output_options, argument_parser, check_preset, claim_files, device_name,
+                               device_slug, free_name, results_folder, write_report)
 from utils.YParams import load_params
 from utils.conv3d import check_conv3d, cudnn_text
 from utils.distributed import World
@@ -35,7 +35,6 @@ from utils.flops import precision_of, resolve_peak_flops, unet_flops_per_sample
 from utils.losses import build_loss
 from utils.optim import Precision, build_optimizer
 
-DEFAULT_OUT_DIR = os.path.join(ROOT, "benchmarks", "results", "layers")
 PRESETS = {
     "gpu": {"options": ["--config=base", "--amp_mode=bf16", "--device=cuda"], "repeats": 20},
     "cpu": {"options": ["--config=demo", "--device=cpu"], "repeats": 3},
@@ -192,7 +191,7 @@ def markdown(report):
 @exit_on_user_error
 def main(argv=None):
     parser = argument_parser(__doc__, PRESETS)
-    parser.add_argument("--out_dir", default=DEFAULT_OUT_DIR)
+    add_output_options(parser, "benchmarks/results/layers", "layers")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per layer (default: the preset's)")
     parser.add_argument("--flops", action="store_true", help="print the FLOP table only: no timing, no GPU needed")
     args, options = parser.parse_known_args(argv)
@@ -207,9 +206,9 @@ def main(argv=None):
     precision = precision_of(params.amp_mode, params.tf32 and device.type == "cuda")
     stamp = datetime.datetime.now(datetime.timezone.utc)
     name = device_name(device.type == "cuda")
-    base = os.path.join(args.out_dir, f"{device_slug(name)}-{stamp:%Y-%m-%d}-{precision}")
-    if args.out_dir == DEFAULT_OUT_DIR and not args.overwrite:  # a second run today: base-2
-        base = next_free(base, lambda b: any(os.path.exists(b + suffix) for suffix in (".json", ".md")))
+    base = free_name(os.path.join(results_folder(args, "benchmarks/results/layers", "layers"),
+                                  f"{device_slug(name)}-{stamp:%Y-%m-%d}-{precision}"), args,
+                     lambda b: any(os.path.exists(b + suffix) for suffix in (".json", ".md")))
     claim_files([base + ".json", base + ".md"], args.overwrite, earlier="an earlier run on this device today")
 
     warnings = check_conv3d(device, params.amp_mode, params.tf32, params.channels_last)

@@ -17,18 +17,28 @@ import json
 import os
 import statistics
 
+from benchmarks.common import relative, user_file
+from utils import noise
 from utils.errors import UserError, exit_on_user_error
 
 
 def read_series(paths, kind):
     """``{nranks: mean throughput}`` of trial ``kind`` (FULL, SYNTHETIC, IO) over the given files."""
     series = {}
+    for n, trials in read_trials(paths, kind).items():
+        series[n] = statistics.mean(statistics.mean(file_trials) for file_trials in trials)
+    return series
+
+
+def read_trials(paths, kind):
+    """``{nranks: [each file's trial throughputs]}`` of trial ``kind`` over the given files."""
+    trials = {}
     for path in paths:
         result = read_result(path)
         if kind not in result or "nranks" not in result:
             raise UserError(f"{path} is not a benchmark result with {kind} trials (written by --enable_benchy).")
-        series.setdefault(int(result["nranks"]), []).append(statistics.mean(result[kind]["trial_throughput"]))
-    return {n: statistics.mean(values) for n, values in sorted(series.items())}
+        trials.setdefault(int(result["nranks"]), []).append(result[kind]["trial_throughput"])
+    return dict(sorted(trials.items()))
 
 
 def read_result(path):
@@ -61,6 +71,14 @@ def read_folder(folder, kind="FULL"):
     return index, ddp, noddp
 
 
+def folder_trials(folder, kind="FULL"):
+    """``{"ddp": {nranks: trials}, "noddp": ...}`` of a folder written by ``python -m benchmarks.scaling``."""
+    with open(os.path.join(folder, "scaling.json")) as f:
+        done = [point for point in json.load(f)["points"] if "file" in point]
+    return {mode: read_trials([os.path.join(folder, p["file"]) for p in done if p["mode"] == mode], kind)
+            for mode in ("ddp", "noddp")}
+
+
 def batch_description(index):
     """How a scaling.json's runs split the batch: weak scaling keeps the local batch, strong the global one."""
     if index.get("global_batch"):
@@ -75,17 +93,32 @@ def efficiency(series):
     return {n: value / (n * per_rank) for n, value in series.items()}
 
 
-def markdown_table(ddp, noddp, unit="GPUs"):
-    """Throughput, scaling efficiency and communication overhead at each size, as a markdown table."""
+def markdown_table(ddp, noddp, unit="GPUs", trials=None):
+    """Throughput, scaling efficiency and communication overhead at each size, as a markdown table.
+    With ``trials`` (``{"ddp": read_trials(...), "noddp": ...}``) an overhead that the trials' spread
+    does not separate from zero is said to be noise, not printed as a number (utils/noise.py), and a
+    line under the table says when the trials are too spread to trust at all."""
     efficient = efficiency(ddp) if len(ddp) > 1 else {}  # one size is its own baseline: nothing to say
     lines = [f"| {unit} | DDP samples/s | efficiency | noddp samples/s | overhead (1 - DDP/noddp) |",
              "|---|---|---|---|---|"]
     for n in sorted(set(ddp) | set(noddp)):
         cells = [f"{ddp[n]:.1f}" if n in ddp else "-", f"{efficient[n]:.1%}" if n in efficient else "-",
                  f"{noddp[n]:.1f}" if n in noddp else "-",
-                 f"{1 - ddp[n] / noddp[n]:.1%}" if n in ddp and n in noddp else "-"]
+                 overhead_cell(ddp, noddp, trials, n) if n in ddp and n in noddp else "-"]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    every_trial = {f"{mode} at {n}": sum(runs, []) for mode, series in (trials or {}).items()
+                   for n, runs in series.items()}
+    busy = noise.busy_note(every_trial)
+    return "\n".join(lines + ([f"\nNot a finding: {busy}."] if busy else []))
+
+
+def overhead_cell(ddp, noddp, trials, n):
+    """1 - DDP/noddp, or why the trials cannot tell it from zero (DDP cannot be faster than no communication)."""
+    if trials:
+        ddp_trials, noddp_trials = sum(trials["ddp"][n], []), sum(trials["noddp"][n], [])
+        if not noise.separated(ddp_trials, noddp_trials) or ddp[n] > noddp[n]:
+            return f"within noise (trials vary {100 * max(map(noise.spread, (ddp_trials, noddp_trials))):.0f}%)"
+    return f"{1 - ddp[n] / noddp[n]:.1%}"
 
 
 def plot(ddp, noddp, kind, path, unit="GPUs", title="weak scaling"):
@@ -139,14 +172,15 @@ def main(argv=None):
     parser.add_argument("--unit", default=None,
                         help='what a rank is, for the axis labels (default: "GPUs", or "CPU ranks" for CPU runs)')
     parser.add_argument("--title", default="weak scaling")
-    parser.add_argument("--out", default="scaling.png")
+    parser.add_argument("--out", default="scaling.png", help="the plot (png; a bare file name goes to runs/benchmarks/)")
     args = parser.parse_args(argv)
 
     ddp, noddp = read_series(args.ddp, args.kind), read_series(args.noddp, args.kind)
+    trials = {"ddp": read_trials(args.ddp, args.kind), "noddp": read_trials(args.noddp, args.kind)}
     args.unit = args.unit or rank_unit(args.ddp + args.noddp)
-    print(markdown_table(ddp, noddp, args.unit))
-    plot(ddp, noddp, args.kind, args.out, args.unit, args.title)
-    print(f"Plot: {args.out}")
+    print(markdown_table(ddp, noddp, args.unit, trials))
+    plot(ddp, noddp, args.kind, user_file(args.out), args.unit, args.title)
+    print(f"Plot: {relative(user_file(args.out))}")
 
 
 if __name__ == "__main__":

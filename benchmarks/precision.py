@@ -22,8 +22,8 @@ import sys
 import torch
 
 import train
-from benchmarks.common import (ROOT, argument_parser, check_preset, claim_files, device_name, device_slug,
-                               make_data, write_report)
+from benchmarks.common import (add_output_options, argument_parser, check_preset, claim_files, device_name,
+                               device_slug, free_name, make_data, results_folder, write_report)
 from utils import get_data_loader_distributed, lr_schedule
 from utils.YParams import load_params
 from utils.distributed import World
@@ -102,14 +102,16 @@ def markdown(report):
 @exit_on_user_error
 def main(argv=None):
     parser = argument_parser(__doc__, PRESETS)
-    parser.add_argument("--out_dir", default=os.path.join(ROOT, "benchmarks", "results", "precision"))
+    add_output_options(parser, "benchmarks/results/precision", "precision")
     parser.add_argument("--num_epochs", type=int, default=None, help="epochs per rung (default: the preset's)")
     args, options = parser.parse_known_args(argv)
     check_preset(args.preset)
     preset = PRESETS[args.preset]
     name = device_name(args.preset == "gpu")
     stamp = datetime.datetime.now(datetime.timezone.utc)
-    base = os.path.join(args.out_dir, f"{device_slug(name)}-{stamp:%Y-%m-%d}")
+    base = free_name(os.path.join(results_folder(args, "benchmarks/results/precision", "precision"),
+                                  f"{device_slug(name)}-{stamp:%Y-%m-%d}"), args,
+                     lambda b: any(os.path.exists(b + suffix) for suffix in (".json", ".md")))
     claim_files([base + ".json", base + ".md"], args.overwrite, earlier="an earlier run on this device today")
     train_path, val_path = make_data(args.data_dir, preset["box"])
     num_epochs = args.num_epochs or preset["num_epochs"]

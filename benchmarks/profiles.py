@@ -36,8 +36,10 @@ import time
 
 import torch
 
-from benchmarks.common import (ROOT, argument_parser, check_preset, claim_folder, device_name, device_slug,
-                               holds_files, make_data, next_free, outcome, relative_args, run)
+from benchmarks.common import (ROOT, add_output_options, argument_parser, check_preset, claim_folder, device_name,
+                               device_slug, free_name, holds_files, make_data, outcome, relative_args, results_folder,
+                               run)
+from utils import noise
 from utils.errors import exit_on_user_error
 from utils.profiling import range_name
 
@@ -87,14 +89,17 @@ def summarise_trace(trace, steps, cuda=False):
     ``error``: a profile that shows no device work is a result to report, not one to pass.
     """
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-    phases = collections.defaultdict(float)
+    phases, step_ms = collections.defaultdict(float), []
     for event in events:
         if event.get("cat") != "user_annotation":
             continue
         base = range_name(event["name"])
         if base in PHASES:
             phases[base] += event["dur"] / 1e3
-    summary = {"steps": steps, "phase_ms_per_step": {p: round(phases[p] / steps, 3) for p in PHASES if p in phases}}
+        if base == "step":
+            step_ms.append(round(event["dur"] / 1e3, 3))
+    summary = {"steps": steps, "phase_ms_per_step": {p: round(phases[p] / steps, 3) for p in PHASES if p in phases},
+               "step_ms": step_ms}
 
     kernels = [e for e in events if e.get("cat") == "kernel"]
     if kernels:
@@ -264,6 +269,17 @@ How to open them:
 """
 
 
+def ranking_notes(entries):
+    """Under the table: for each rung whose steps the trials do not separate from the first rung's
+    (utils/noise.py), a line saying that the table does not rank the two."""
+    timed = [entry for entry in entries if len(entry.get("step_ms", ())) > 1]
+    notes = [f"- `{entry['rung']}` against `{timed[0]['rung']}`: {note}; the table does not rank them."
+             for entry in timed[1:]
+             for note in [noise.unranked_note(timed[0]["rung"], timed[0]["step_ms"], entry["rung"], entry["step_ms"])]
+             if note]
+    return ["", "Not a ranking (the steps' times overlap):", "", *notes] if notes else []
+
+
 def write_readme(out_dir, entries, title, command, date):
     lines = [README_HEAD.format(title=title, command=command, date=date), "| file | rung | device | date | "
              "mean ms per step: step / data copy in / forward / backward / optimizer | device busy |",
@@ -278,6 +294,7 @@ def write_readme(out_dir, entries, title, command, date):
         busy = f"{entry['device_busy']:.0%}" if entry.get("device_busy") is not None else "n/a (CPU)"
         lines.append(f"| `{entry['file']}` | {entry['rung']}: {entry['what']} | {entry['device']} | {entry['date']} "
                      f"| {cells} | {busy} |")
+    lines += ranking_notes(entries)
     lines += ["", "The commands, one per trace:", ""]
     for entry in entries:
         lines.append(f"- `{entry['rung']}`: `{entry['command']}`")
@@ -299,18 +316,19 @@ def write_readme(out_dir, entries, title, command, date):
 @exit_on_user_error
 def main(argv=None):
     parser = argument_parser(__doc__, PRESETS, scratch="profiles")
-    parser.add_argument("--out_dir", default=None, help="default: the preset's folder")
+    add_output_options(parser, "example_logs/cpu_profiles; GPU: sample_nsys_profiles", "cpu_profiles-<device>-<date>")
     parser.add_argument("--steps", type=int, default=4, help="profiled steps per rung")
     parser.add_argument("--only", default="", help="profile only rungs whose slug contains this text")
     parser.add_argument("--nsys", action="store_true", help="also try Nsight Systems on each rung")
     args = parser.parse_args(argv)
 
     preset = PRESETS[args.preset]
-    if not args.out_dir and not args.overwrite and holds_files(preset["out_dir"]):  # the committed profiles
-        stamp = datetime.datetime.now(datetime.timezone.utc)
-        args.out_dir = next_free(f"{preset['out_dir']}-{device_slug(device_name(args.preset == 'gpu'))}-"
-                                 f"{stamp:%Y-%m-%d}", holds_files)
-    args.out_dir = args.out_dir or preset["out_dir"]
+    dated = (f"{os.path.basename(preset['out_dir'])}-{device_slug(device_name(args.preset == 'gpu'))}-"
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}")
+    if args.committed and (args.overwrite or not holds_files(preset["out_dir"])):
+        args.out_dir = args.out_dir or preset["out_dir"]  # the committed profiles, remade
+    beside = results_folder(args, os.path.relpath(os.path.dirname(preset["out_dir"]), ROOT), "")
+    args.out_dir = args.out_dir or free_name(os.path.join(beside, dated), args, holds_files)
     check_preset(args.preset)
     claim_folder(args.out_dir, args.overwrite, written_here)  # before anything is made, removed or run
     rungs = [rung for rung in (GPU_RUNGS if args.preset == "gpu" else CPU_RUNGS) if args.only in rung[0]]

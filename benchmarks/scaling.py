@@ -30,8 +30,9 @@ import sys
 
 import torch
 
-from benchmarks.common import (ROOT, argument_parser, check_preset, claim_folder, device_name, device_slug, make_data,
-                               holds_files, next_free, outcome, relative, relative_args, run)
+from benchmarks.common import (add_output_options, argument_parser, check_preset, claim_folder, device_name,
+                               device_slug, free_name, holds_files, make_data, outcome, relative, relative_args,
+                               results_folder, run)
 from benchmarks import plot_scaling
 from utils.errors import exit_on_user_error
 
@@ -89,7 +90,8 @@ def write_summary(out_dir, index):
              f"Made by `{index['command']}` ({index['date']}, torch {index['torch']}). FULL samples/s of the "
              f"whole job, {plot_scaling.batch_description(index)}; each point is the run named beside it, "
              "whose benchy JSON and log are in this folder.", "",
-             plot_scaling.markdown_table(ddp, noddp, index["unit"]), "", "The runs:", ""]
+             plot_scaling.markdown_table(ddp, noddp, index["unit"], plot_scaling.folder_trials(out_dir)), "",
+             "The runs:", ""]
     for point in index["points"]:
         result = f"`{point['file']}`" if "file" in point else f"no result, {point['error']}"
         lines.append(f"- {result}, log `{point['log']}` ({point['mode']}, {point['ranks']} "
@@ -103,8 +105,8 @@ def main(argv=None):
     parser = argument_parser(__doc__, PRESETS, scratch="scaling")
     parser.add_argument("--ranks", type=int, nargs="+", help="the sizes to run (default: 1, 2, 4, ... up to "
                         "the GPUs, or cores, of this node)")
-    parser.add_argument("--out_dir", default=None, help="default: benchmarks/results/scaling/<device>-<date>, "
-                        "followed by the options that change what is measured")
+    add_output_options(parser, "benchmarks/results/scaling", "scaling", "default: runs/benchmarks/scaling/"
+                       "<device>-<date>, followed by the options that change what is measured (not tracked by git)")
     parser.add_argument("--nbatches", type=int, default=20, help="batches per trial")
     parser.add_argument("--ntrials", type=int, default=3)
     parser.add_argument("--nwarmup", type=int, default=1)
@@ -124,9 +126,8 @@ def main(argv=None):
                      "and replaces --local_batch_size")
     name = device_name(args.preset == "gpu")
     stamp = datetime.datetime.now(datetime.timezone.utc)
-    out_dir = args.out_dir or os.path.join(ROOT, "benchmarks", "results", "scaling", folder_name(name, stamp, args))
-    if not args.out_dir and not args.overwrite:  # a second run today: <folder>-2
-        out_dir = next_free(out_dir, holds_files)
+    out_dir = args.out_dir or free_name(os.path.join(results_folder(args, "benchmarks/results/scaling", "scaling"),
+                                                     folder_name(name, stamp, args)), args, holds_files)
     claim_folder(out_dir, args.overwrite, written_here)  # before anything is made, removed or run
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "benchy.yaml"), "w") as f:

@@ -800,7 +800,7 @@ def main(argv=None):
     parser.add_argument("--knobs", action="store_true", help="print the knobs' efficiencies at 32 nodes")
     parser.add_argument("--report", action="store_true", help="write benchmarks/results/scaling_model/ and "
                         "tutorial_images/scaling_model.png")
-    parser.add_argument("--out", help="a plot of the scaling table (png)")
+    parser.add_argument("--out", help="a plot of the scaling table (png; a bare file name goes to runs/benchmarks/)")
     args = parser.parse_args(argv)
 
     if args.report:
@@ -835,8 +835,10 @@ def main(argv=None):
           + " ".join(f"{k}={v}" for k, v in options.items()) + "\n")
     print(scaling_markdown(rows))
     if args.out:
-        plot({machine.name: rows}, args.out, f"local batch {args.local_batch_size}, predicted")
-        print(f"Plot: {args.out}")
+        from benchmarks.common import relative, user_file
+
+        plot({machine.name: rows}, user_file(args.out), f"local batch {args.local_batch_size}, predicted")
+        print(f"Plot: {relative(user_file(args.out))}")
 
 
 if __name__ == "__main__":

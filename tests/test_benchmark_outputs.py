@@ -5,10 +5,11 @@ import datetime
 import json
 import os
 import re
+import shutil
 
 import pytest
 
-from benchmarks import common, ladder, profiles, scaling
+from benchmarks import common, domain, ladder, precision, profiles, scaling
 from conftest import ROOT, snapshot
 
 TOOLS = {"ladder": ladder, "profiles": profiles, "scaling": scaling}
@@ -63,32 +64,76 @@ def test_a_folder_holding_results_is_refused_before_anything_is_made(tool, tmp_p
     assert snapshot(tmp_path) == before and os.listdir(tmp_path) == ["out"], "a refused run writes nothing"
 
 
-def test_the_documented_profiles_command_writes_beside_the_committed_traces(capsys, tmp_path, synthetic_data_dir):
-    """The user's case: `python -m benchmarks.profiles --preset cpu`, whose default folder holds the
-    traces the README quotes, writes a dated folder beside it and leaves the committed one alone."""
+def test_the_documented_profiles_command_writes_outside_the_tracked_folders(capsys, tmp_path, synthetic_data_dir,
+                                                                            monkeypatch):
+    """The user's case: `python -m benchmarks.profiles --preset cpu` writes under runs/benchmarks/ (here a
+    scratch folder in its place), a second run today beside the first; only --committed writes beside
+    the committed traces the README quotes, and leaves them alone."""
     folder = os.path.join(ROOT, "example_logs", "cpu_profiles")
     if not os.path.isdir(folder) or not os.listdir(folder):
         pytest.skip("no committed CPU profiles in this checkout")
+    monkeypatch.setattr(common, "USER_RESULTS", str(tmp_path / "runs" / "benchmarks"))
     before = snapshot(folder)
     stamp = datetime.datetime.now(datetime.timezone.utc)
-    expected = f"{folder}-{common.device_slug(common.device_name(False))}-{stamp:%Y-%m-%d}"
+    dated = f"cpu_profiles-{common.device_slug(common.device_name(False))}-{stamp:%Y-%m-%d}"
+    user, beside = str(tmp_path / "runs" / "benchmarks" / dated), os.path.join(ROOT, "example_logs", dated)
     made = []
     try:
-        for _ in range(2):  # run twice: the second goes to <folder>-2
+        for extra, expected in (([], user), ([], user + "-2"), (["--committed"], beside)):
             assert profiles.main(["--preset", "cpu", "--only", "no such rung", "--data_dir", str(synthetic_data_dir),
-                                  "--work_dir", str(tmp_path / "work")]) == []
+                                  "--work_dir", str(tmp_path / "work"), *extra]) == []
             made.append(capsys.readouterr().out.strip().splitlines()[-1])
             with open(os.path.join(expected, "profiles.json"), "w") as f:  # as a rung would have made it
                 f.write("{}")
-        assert made == [f"Profiles, profiles.json and README.md in {expected}",
-                        f"Profiles, profiles.json and README.md in {expected}-2"]
+        assert made == [f"Profiles, profiles.json and README.md in {user}",
+                        f"Profiles, profiles.json and README.md in {user}-2",
+                        f"Profiles, profiles.json and README.md in {beside}"]
         assert snapshot(folder) == before
     finally:
-        for path in (expected, expected + "-2"):
-            if os.path.isdir(path) and set(os.listdir(path)) <= {"profiles.json"}:
-                for name in os.listdir(path):
-                    os.remove(os.path.join(path, name))
-                os.rmdir(path)
+        if os.path.isdir(beside) and set(os.listdir(beside)) <= {"profiles.json"}:
+            shutil.rmtree(beside)
+
+
+@pytest.mark.parametrize("tool", ["domain", "precision", "scaling", "ladder"])
+def test_every_tool_writes_a_second_run_of_the_day_beside_the_first(tool, tmp_path, synthetic_data_dir, monkeypatch,
+                                                                     capsys):
+    """One behaviour for all tools: without --out_dir, today's results of an earlier run are kept and the
+    run writes <name>-2 under runs/benchmarks/<tool>/; nothing goes into benchmarks/results/. (domain
+    and precision once refused with exit status 2.) Each tool stops here where it would measure."""
+    monkeypatch.setattr(common, "USER_RESULTS", str(tmp_path / "runs" / "benchmarks"))
+    stamp = datetime.datetime.now(datetime.timezone.utc)
+    today = f"{common.device_slug(common.device_name(False))}-{stamp:%Y-%m-%d}"
+    folder = tmp_path / "runs" / "benchmarks" / tool
+    earlier = {"domain": folder / today / "domain.json", "precision": folder / f"{today}.json",
+               "scaling": folder / today / "README.md", "ladder": folder / f"{today}.json"}[tool]
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text("an earlier run's results\n")
+    committed = snapshot(os.path.join(ROOT, "benchmarks", "results"))
+    made = []
+
+    def stop(*args, **kwargs):
+        made.extend(str(path.relative_to(folder)) for path in folder.rglob("*"))
+        raise Measured()
+    argv = {"domain": ["--crops", "128", "--ranks", "1", "--base_channels", "4"],
+            "precision": ["--preset", "cpu", "--data_dir", str(synthetic_data_dir)],
+            "scaling": ["--preset", "cpu", "--ranks", "1", "--data_dir", str(synthetic_data_dir),
+                        "--work_dir", str(tmp_path / "work")],
+            "ladder": ["--preset", "cpu", "--data_dir", str(synthetic_data_dir)]}[tool]
+    module = {"domain": domain, "precision": precision, "scaling": scaling, "ladder": ladder}[tool]
+    monkeypatch.setattr(module, "measure" if tool == "domain" else "make_data", stop)
+    if tool == "precision":  # writes nothing before it measures: the files it claims are those it would write
+        def claim_files(paths, *args, **kwargs):
+            common.claim_files(paths, *args, **kwargs)
+            made.extend(os.path.relpath(path, folder) for path in paths)
+        monkeypatch.setattr(module, "claim_files", claim_files)
+    with pytest.raises(Measured):
+        module.main(argv)
+    made = sorted(set(made))
+    again = {"domain": [f"{today}-2"], "precision": [f"{today}-2.json", f"{today}-2.md"],
+             "scaling": [f"{today}-2/benchy.yaml"], "ladder": [f"{today}-2.log"]}[tool]
+    assert set(again) <= set(made), made
+    assert earlier.read_text() == "an earlier run's results\n"
+    assert snapshot(os.path.join(ROOT, "benchmarks", "results")) == committed
 
 
 def test_the_default_folders_take_the_next_free_name():

@@ -1,15 +1,17 @@
 """The time estimate before training: a GPU-sized config on a CPU is refused with one paragraph, unless --device=cpu."""
 import os
 import re
-import types
+import logging
 
 import pytest
 import torch
 
 from conftest import run_train
-from utils.estimate import check_run_time, format_duration, measure_cpu_flops, run_flops
+from utils import estimate
+from utils.estimate import check_run_time, format_duration, measure_cpu_flops
 from utils.distributed import World
-from utils.YParams import YParams
+from utils.errors import UserError
+from utils.YParams import load_params
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for CPUs")
@@ -24,10 +26,26 @@ def test_the_default_config_on_a_cpu_is_refused_before_anything_is_read_or_writt
     assert not os.listdir(tmp_path)  # refused before the data (here a missing file) is even looked at
 
 
-def test_a_short_run_says_nothing_and_measures_nothing():
-    params = YParams("config/UNet.yaml", "demo")
-    assert run_flops(params, 0.86e9) < 1e13  # the demo: far below the size that is checked
-    check_run_time(params, World(), types.SimpleNamespace(type="cpu"))  # returns at once, no error
+def test_every_run_logs_its_estimate_and_a_tiny_one_measures_nothing(caplog, monkeypatch):
+    caplog.set_level(logging.INFO)
+    params = load_params(["--config=demo", "--crop_size=64", "--full_scale", "--num_epochs=1"])
+    monkeypatch.setattr(estimate, "measure_cpu_flops", lambda: 10e9)  # the rate only: the arithmetic is real
+    check_run_time(params, World(), torch.device("cpu"))
+    flops = 512 * 6.94e9 + 2 * 64 * 6.94e9 / 3  # one epoch of 512 samples and two validations of 64
+    assert f"would train for about {format_duration(flops / 10e9)} on this CPU: 1 epoch of 512 samples at 6.94 " \
+        "GFLOP each" in caplog.text, caplog.text
+    monkeypatch.setattr(estimate, "measure_cpu_flops", None)  # not called for a run of seconds
+    check_run_time(load_params(["--config=test"]), World(), torch.device("cpu"))
+    assert "Estimated time: seconds (--config=test: " in caplog.text
+
+
+def test_the_refusal_quotes_the_demo_by_the_same_estimate(monkeypatch):
+    monkeypatch.setattr(estimate, "measure_cpu_flops", lambda: 20e9)
+    with pytest.raises(UserError) as refusal:
+        check_run_time(load_params(["--config=short"]), World(), torch.device("cpu"))
+    demo = 4 * 512 * 0.86e9 + 5 * 64 * 0.86e9 / 3
+    assert f"use --config=demo (about {format_duration(demo / 20e9)} of training on this CPU by the same " \
+        "estimate)" in str(refusal.value)
 
 
 def test_the_cpu_rate_is_a_plausible_measurement():

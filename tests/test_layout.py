@@ -11,8 +11,8 @@ from conftest import ROOT
 # add it here with the reason, or pass the value in from the caller instead.
 UTILS_IMPORTS = {
     "__init__": {"data_loader", "data_loader_gpu", "data_loader_dali"},  # the dispatcher, lazily
-    "YParams": {"errors"},
-    "benchy": {"errors", "flops"},  # benchy's reports include the MFU
+    "YParams": {"errors", "logging_utils"},  # the configuration block goes to out.log only
+    "benchy": {"errors", "flops", "noise"},  # benchy's reports include the MFU, and say when trials are noise
     "checkpoint": {"distributed", "files"},  # FSDP shards are gathered into one file
     "compiler": {"errors"},
     "conv3d": {"flops"},  # the precision the convolutions run in
@@ -24,12 +24,13 @@ UTILS_IMPORTS = {
     "halo": set(),  # receives the mesh from the caller
     "errors": set(),
     "files": set(),
-    "estimate": {"errors", "flops"},  # the run's FLOPs and the device's rate
+    "estimate": {"errors", "flops", "YParams"},  # the run's FLOPs and the device's rate; the demo's, for the refusal
     "flops": {"errors"},
     "generate_data": {"convert_h5_to_npy", "errors", "files"},  # it also writes the .npy copies
     "logging_utils": set(),
     "losses": set(),
     "metrics": set(),
+    "noise": set(),
     "optim": {"errors"},
     "preview": {"files"},
     "profiling": {"errors"},

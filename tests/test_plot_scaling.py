@@ -94,7 +94,7 @@ def test_efficiency_and_overhead_from_known_throughputs(tmp_path, capsys):
     assert plot_scaling.efficiency(plot_scaling.read_series(ddp, "FULL")) == {1: 1.0, 2: 0.9}
     plot_scaling.main(["--ddp", *ddp, "--noddp", *noddp, "--out", str(tmp_path / "scaling.png")])
     rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()[2:4]]
-    assert [[cell.strip() for cell in row] for row in rows] == [["1", "100.0", "100.0%", "100.0", "0.0%"],
+    assert [[cell.strip() for cell in row] for row in rows] == [["1", "100.0", "100.0%", "100.0", "within noise (trials vary 2%)"],
                                                                ["2", "180.0", "90.0%", "200.0", "10.0%"]]
     assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"
 

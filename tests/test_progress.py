@@ -40,6 +40,16 @@ def test_without_a_terminal_a_line_is_logged_every_interval_even_within_one_slow
     assert len(caplog.records) == len(lines)  # the timer ended with the phase
 
 
+def test_the_first_line_comes_after_the_first_seconds_not_the_first_interval(caplog):
+    caplog.set_level(logging.INFO)
+    progress = Progress(terminal=False, every_seconds=60, first_seconds=0.2)
+    start = time.monotonic()
+    assert list(progress(SlowBatches(0.15), "epoch 1")) == [0, 1, 2, 3, 4]
+    assert time.monotonic() - start < 5  # the phase took 0.75 s, well inside the first minute ...
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 1 and lines[0].startswith("  epoch 1: 1 of 5 batches done after 0.0 min, about"), lines
+
+
 def test_a_rank_other_than_0_shows_nothing(caplog):
     caplog.set_level(logging.INFO)
     batches = SlowBatches(0)

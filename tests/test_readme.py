@@ -264,9 +264,10 @@ NOT_RUN = [
 # the runs CPU runs on a GPU machine too.
 TINY = ("--Nsamples=16 --Nsamples_val=8 --num_epochs=1 --device=cpu --preview_image=false --val_metrics=false "
         "--checkpoint=false")
-# The domain_demo's 128^3 crops in two steps of one sample each.
+# The domain_demo's 128^3 crops in two steps of one sample each, on the synthetic loader's noise instead
+# of data_large/'s 256^3 box (tests/test_demo.py trains it on the learnable data).
 DOMAIN_TINY = ("--Nsamples=4 --Nsamples_val=2 --num_epochs=1 --device=cpu --preview_image=false --val_metrics=false "
-               "--checkpoint=false")
+               "--checkpoint=false --data_loader_config=synthetic")
 # The full-width, full-scale configs (base, short) shrunk to what a 2-core CPU trains in a second.
 SMALL_MODEL = "--crop_size=32 --base_channels=4 --global_batch_size=4 --full_scale=false"
 # benchy_config.yaml with 2 batches, 1 warm-up and 1 timed trial per kind: the trials take 4 epochs.
@@ -364,7 +365,7 @@ def check_benchy(config):
 
 
 def check_ladder(scratch, output):
-    (path,) = glob.glob(os.path.join(scratch, "benchmarks", "results", "*.json"))
+    (path,) = glob.glob(os.path.join(scratch, "runs", "benchmarks", "ladder", "*.json"))
     with open(path) as f:
         report = json.load(f)
     assert report["command"] == "python -m benchmarks.ladder --preset cpu --nbatches 2 --ntrials 1 --nwarmup 1"
@@ -411,7 +412,7 @@ def check_profiles(scratch, output):
 
 
 def check_scaling(scratch, output):
-    (path,) = glob.glob(os.path.join(scratch, "benchmarks", "results", "scaling", "*", "scaling.json"))
+    (path,) = glob.glob(os.path.join(scratch, "runs", "benchmarks", "scaling", "*", "scaling.json"))
     with open(path) as f:
         index = json.load(f)
     assert [(p["mode"], p["ranks"]) for p in index["points"]] == [("ddp", 1), ("noddp", 1)]
@@ -421,7 +422,7 @@ def check_scaling(scratch, output):
 
 def check_ddp_options(options, folder_suffix):
     def check(scratch, output):
-        (path,) = glob.glob(os.path.join(scratch, "benchmarks", "results", "scaling", f"*-{folder_suffix}",
+        (path,) = glob.glob(os.path.join(scratch, "runs", "benchmarks", "scaling", f"*-{folder_suffix}",
                                          "scaling.json"))
         with open(path) as f:
             index = json.load(f)
@@ -432,7 +433,7 @@ def check_ddp_options(options, folder_suffix):
 
 
 def check_strong_scaling(scratch, output):
-    (path,) = glob.glob(os.path.join(scratch, "benchmarks", "results", "scaling", "*-strong-16-*", "scaling.json"))
+    (path,) = glob.glob(os.path.join(scratch, "runs", "benchmarks", "scaling", "*-strong-16-*", "scaling.json"))
     with open(path) as f:
         index = json.load(f)
     assert index["global_batch"] == 16 and all("file" in p for p in index["points"]), index["points"]
@@ -569,7 +570,7 @@ RUN = {
     "python -m benchmarks.scaling_model --check --json": Run(data=False, check=check_output('"curve": "synthetic_noddp"')),
     "python -m benchmarks.scaling_model --knobs": Run(data=False, check=check_output("| --ddp_comm_hook=bf16 |")),
     "python -m benchmarks.scaling_model --machine h100 --local_batch_size=128 --ddp_comm_hook=bf16 --out model.png": Run(
-        data=False, check=check_png("model.png")),
+        data=False, check=check_png("runs/benchmarks/model.png")),
     "torchrun --standalone --nproc_per_node=2 -m benchmarks.allreduce --min_bytes 4K --max_bytes 64M --out cpu-network.json":
         Run(data=False, append="--max_bytes 8K --iters 1 --warmup 0", check=check_network("cpu-network.json")),
     "python -m benchmarks.cudnn_autotune": Run(
@@ -585,7 +586,7 @@ RUN = {
     # Its inputs come from the sbatch loop above; here from two real one-rank CPU benchy runs.
     "python -m benchmarks.plot_scaling --ddp scaling/ddp_*.json --noddp scaling/noddp_*.json --out scaling.png": Run(
         before=(benchy_run("ddp_1"), benchy_run("noddp_1", "--noddp")),
-        env={"BENCHY_CONFIG_FILE": "{scratch}/benchy.yaml"}, check=check_png("scaling.png")),
+        env={"BENCHY_CONFIG_FILE": "{scratch}/benchy.yaml"}, check=check_png("runs/benchmarks/scaling.png")),
 }
 
 # The single-GPU performance section: each step is the short config with a few options, run here shrunk like

@@ -116,6 +116,7 @@ class YParams:
             raise UserError(f"There is no config '{config_name}' in {yaml_filename}.{closest(config_name, names)}"
                             f" Valid configs: {', '.join(names)}.")
         self._params = dict(configs[config_name])
+        self.overridden = []  # the keys the command line set, in its order
 
     def __getattr__(self, key):
         params = self.__dict__.get("_params", {})
@@ -144,15 +145,22 @@ class YParams:
     def to_dict(self):
         return dict(self._params)
 
-    def log(self):
-        """The resolved configuration, in the original tutorial's format (one ``key value`` line each)."""
-        logging.info("------------------ Configuration ------------------")
-        logging.info("Configuration file: %s", os.path.abspath(self.yaml_filename))
-        logging.info("Configuration name: %s", self.config_name)
+    def log(self, overridden=()):
+        """The resolved configuration: in out.log, the original tutorial's block (one ``key value`` line
+        each); on the screen, one line with the config's name and the options the command line set."""
+        from utils.logging_utils import FILE_ONLY, SCREEN_ONLY
+
+        logging.info("------------------ Configuration ------------------", extra=FILE_ONLY)
+        logging.info("Configuration file: %s", os.path.abspath(self.yaml_filename), extra=FILE_ONLY)
+        logging.info("Configuration name: %s", self.config_name, extra=FILE_ONLY)
         for key, value in self._params.items():
             if key not in ("yaml_config", "config"):  # named on the two lines above
-                logging.info("%s %s", key, value)
-        logging.info("---------------------------------------------------")
+                logging.info("%s %s", key, value, extra=FILE_ONLY)
+        logging.info("---------------------------------------------------", extra=FILE_ONLY)
+        changed = ", ".join(f"{key}={self._params[key]}" for key in dict.fromkeys(self.overridden) if key in self._params)
+        logging.info("Configuration %s of %s%s; all %d options in the run's out.log and config.yaml",
+                     self.config_name, self.yaml_filename, f", with {changed}" if changed else "",
+                     len(self._params), extra=SCREEN_ONLY)
 
 
 def missing_config_file(yaml_filename):
@@ -228,12 +236,14 @@ def load_params(argv, world_size=1, null_defaults=None):
                             f" Every key of the config can be overridden as --key=value; the keys of "
                             f"'{params.config_name}' are listed in {params.yaml_filename}.")
         params[key] = coerce(key, value, params[key])
+        params.overridden.append(key)
     world_size = data_parallel_size(params.get("domain_mesh"), world_size)
     local = options["local_batch_size"]
     if local is not None:
         if not isinstance(local, int) or isinstance(local, bool) or local < 1:
             raise UserError(f"--local_batch_size={local} is invalid: it must be a positive integer.")
         params["global_batch_size"] = world_size * local
+        params.overridden.append("global_batch_size")
     validate(params)
     if params.global_batch_size % world_size:
         raise UserError(f"global_batch_size={params.global_batch_size} does not divide over {world_size} "

@@ -52,6 +52,7 @@ import yaml
 
 from utils.errors import UserError
 from utils.flops import env_peak_tflops, mfu, precision_of, resolve_peak_flops, unet_flops_per_sample
+from utils.noise import order_note
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPOSITORY_CONFIG = os.path.join(ROOT, "benchy_config.yaml")
@@ -484,7 +485,21 @@ def print_summary(results, peak_source=""):
         if rates:
             print(f"BENCHY::SUMMARY::{LABELS[kind]} average trial throughput: "
                   f"{statistics.fmean(rates):.3f} +/- {statistics.pstdev(rates):.3f}", flush=True)
+    print_noise_note(results)
     print_mfu(results, peak_source)
+
+
+def print_noise_note(results):
+    note = noise_note(results)
+    if note:
+        print(f"BENCHY::SUMMARY::Noise: {note}. These throughputs rank nothing.", flush=True)
+
+
+def noise_note(results):
+    """What the trials' spread says of the summary (utils/noise.py): None, or why it ranks nothing.
+    FULL does the loading of IO and the training of SYNTHETIC, so it cannot be faster than either."""
+    measured = {kind: trial_rates(results, kind) for kind in KINDS if trial_rates(results, kind)}
+    return order_note(measured, above=[("SYNTHETIC", "FULL"), ("IO", "FULL")])
 
 
 def print_mfu(results, peak_source=""):
@@ -586,7 +601,8 @@ class _GitHubBenchyLoader(_TrialEpochs):
                             if self.device.type == "cuda" else None),
         })
         if self.rank == 0:
-            print_mfu(results, self.peak_source)  # benchy has printed its summary lines
+            print_noise_note(results)  # under benchy's summary lines
+            print_mfu(results, self.peak_source)
             if os.path.isfile(self.json_path):
                 write_json(self.json_path, results, verbose=False)
             if self.stop_training:

@@ -13,6 +13,10 @@ FORMAT = "%(asctime)s - %(name)s - %(levelname)s - %(message)s"
 # writes nothing at all, so the directory is created only once everything could be built.
 _early_lines = None
 
+# ``extra=`` of a log call whose line goes to out.log only (the configuration block), or to the screen only.
+FILE_ONLY = {"where": "file"}
+SCREEN_ONLY = {"where": "screen"}
+
 
 def config_logger(is_main):
     """Log INFO to stdout on the main rank; other ranks log only warnings and errors."""
@@ -22,9 +26,11 @@ def config_logger(is_main):
         root.removeHandler(handler)
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter(FORMAT))
+    handler.addFilter(lambda record: getattr(record, "where", "screen") == "screen")
     root.addHandler(handler)
     # Never flushed on its own (no target yet, flush level above CRITICAL): log_to_file empties it.
     _early_lines = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1)
+    _early_lines.addFilter(for_the_file)
     root.addHandler(_early_lines)
     root.setLevel(logging.INFO if is_main else logging.WARNING)
 
@@ -34,12 +40,17 @@ def log_to_file(path):
     global _early_lines
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter(FORMAT))
+    handler.addFilter(for_the_file)
     if _early_lines is not None:
         _early_lines.setTarget(handler)
         _early_lines.flush()
         logging.getLogger().removeHandler(_early_lines)
         _early_lines = None
     logging.getLogger().addHandler(handler)
+
+
+def for_the_file(record):
+    return getattr(record, "where", "file") == "file"
 
 
 class TensorBoard:

@@ -1,8 +1,8 @@
 """Progress through a long phase (an epoch's training, a validation), shown by rank 0.
 
-On a terminal, a tqdm bar; otherwise (a batch job's output file, a pipe) a log line at least every
-minute, from a timer thread, so that even a phase whose single steps take minutes says where it
-stands. Neither waits for the device: the count advances when the loop takes the next batch.
+On a terminal, a tqdm bar; otherwise (a batch job's output file, a pipe) a log line after the
+first ten seconds, with the time left, then one every minute, from a timer thread, so that even a
+phase whose single steps take minutes says where it stands from its first steps. Neither waits for the device: the count advances when the loop takes the next batch.
 """
 import logging
 import sys
@@ -12,6 +12,7 @@ import time
 from tqdm import tqdm
 
 LOG_EVERY_SECONDS = 60.0
+FIRST_LOG_SECONDS = 10.0
 
 
 class Progress:
@@ -21,8 +22,8 @@ class Progress:
     lines (default: whether stderr, where the bar is drawn, is a terminal).
     """
 
-    def __init__(self, enabled=True, terminal=None, every_seconds=LOG_EVERY_SECONDS):
-        self.enabled, self.every_seconds = enabled, every_seconds
+    def __init__(self, enabled=True, terminal=None, every_seconds=LOG_EVERY_SECONDS, first_seconds=FIRST_LOG_SECONDS):
+        self.enabled, self.every_seconds, self.first_seconds = enabled, every_seconds, min(first_seconds, every_seconds)
         self.terminal = sys.stderr.isatty() if terminal is None else terminal
 
     def __call__(self, iterable, label):
@@ -40,7 +41,9 @@ class Progress:
         finished = threading.Event()
 
         def report():
-            while not finished.wait(self.every_seconds):
+            wait = self.first_seconds
+            while not finished.wait(wait):
+                wait = self.every_seconds
                 elapsed = time.monotonic() - start
                 left = f", about {elapsed / done[0] * (total - done[0]) / 60:.1f} min left" if done[0] else ""
                 logging.info("  %s: %d of %d batches done after %.1f min%s", label, done[0], total, elapsed / 60,

@@ -247,23 +247,37 @@ def apply_numpy(
     triplets = _check_vector_channels(vector_channels, volume.shape[0])
 
     # Move the grid: transpose the spatial axes (channel axis stays first), then reverse
-    # the output axes whose sign is -1. Both are views; the copy below makes it real.
+    # the output axes whose sign is -1. Both are views; the copies below make it real.
     moved = np.transpose(volume, (0,) + tuple(1 + p for p in element.perm))
     flip_axes = tuple(1 + i for i in range(3) if element.signs[i] == -1)
     if flip_axes:
         moved = np.flip(moved, axis=flip_axes)
-    # A copy even for the identity, so the caller may modify the result freely; C order
-    # because torch.from_numpy and pinned-memory transfers want contiguous data.
-    out = np.array(moved, order="C", copy=True)
-
-    # Rotate the components of each vector field: out component i = signs[i] * component perm[i].
-    for triplet in triplets:
-        components = out[list(triplet)]  # advanced indexing: a copy, safe to read while writing out
-        for i in range(3):
-            source = components[element.perm[i]]
-            # Negation is exact, which is what lets apply_torch agree bit for bit.
-            out[triplet[i]] = source if element.signs[i] == 1 else np.negative(source)
+    # One pass over the voxels, channel by channel, into a new C-order array (torch.from_numpy and
+    # pinned-memory transfers want contiguous data; the caller may modify it freely): a vector
+    # field's components are permuted and negated on the way, instead of in a second pass.
+    out = np.empty(moved.shape, dtype=volume.dtype)
+    plan = _channel_plan(element, triplets, volume.shape[0])
+    if plan is None:  # scalars only, or an element that leaves the vectors as they are
+        out[...] = moved
+        return out
+    for channel, (source, sign) in enumerate(plan):
+        if sign == 1:
+            out[channel] = moved[source]
+        else:  # negation is exact, which is what lets apply_torch agree bit for bit
+            np.negative(moved[source], out=out[channel])
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _channel_plan(element, triplets, n_channels):
+    """``(input channel, sign)`` of each output channel: out component i of a vector field is
+    ``signs[i]`` times input component ``perm[i]``; scalars stay where they are. None when every
+    channel stays where it is, unchanged."""
+    plan = [(channel, 1) for channel in range(n_channels)]
+    for triplet in triplets:
+        for i in range(3):
+            plan[triplet[i]] = (triplet[element.perm[i]], element.signs[i])
+    return None if plan == [(channel, 1) for channel in range(n_channels)] else tuple(plan)
 
 
 @functools.lru_cache(maxsize=64)
