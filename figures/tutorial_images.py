@@ -129,7 +129,7 @@ def ladder_chart(report, path):
     rows = np.arange(len(runs))[::-1]
     height = 0.27
     for offset, (key, label) in zip((height, 0, -height), (("full", "FULL (training)"),
-                                                          ("synthetic", "SYNTHETIC (compute alone)"),
+                                                          ("synthetic", "SYNTHETIC (cached batch)"),
                                                           ("io", "IO (loader alone)"))):
         values = [run[key] or 0 for run in runs]
         ax.barh(rows + offset, values, height, label=label)
