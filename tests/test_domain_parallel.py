@@ -58,7 +58,7 @@ def scalars(run_dir):
     events = EventAccumulator(os.path.join(run_dir, "logs"), size_guidance={"scalars": 0})
     events.Reload()
     return {tag: [(event.step, event.value) for event in events.Scalars(tag)]
-            for tag in events.Tags()["scalars"] if not tag.startswith("Memory/") and tag != "Avg iters per sec"}
+            for tag in events.Tags()["scalars"] if not tag.startswith(("Memory/", "Step spread/")) and tag != "Avg iters per sec"}
 
 
 def checkpoint(run_dir):
