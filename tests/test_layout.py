@@ -11,7 +11,8 @@ from conftest import ROOT
 # add it here with the reason, or pass the value in from the caller instead.
 UTILS_IMPORTS = {
     "__init__": {"data_loader", "data_loader_gpu", "data_loader_dali"},  # the dispatcher, lazily
-    "YParams": {"errors", "logging_utils"},  # the configuration block goes to out.log only
+    "YParams": {"errors", "logging_utils"},
+    "accumulation": set(),  # the configuration block goes to out.log only
     "benchy": {"errors", "flops", "noise"},  # benchy's reports include the MFU, and say when trials are noise
     "checkpoint": {"distributed", "files"},  # FSDP shards are gathered into one file
     "compiler": {"errors"},
@@ -34,9 +35,11 @@ UTILS_IMPORTS = {
     "optim": {"errors"},
     "preview": {"files"},
     "profiling": {"errors"},
+    "prefetch": {"__init__"},  # which loaders are the host loaders it copies ahead
     "progress": set(),
     "runs": {"YParams", "errors", "files"},  # config.yaml read and written as the configs are
     "signals": {"distributed", "errors"},  # the ranks agree to stop at the same step; a second Ctrl-C exits at once
+    "step_spread": set(),
     "symmetry": {"errors"},
     "tensorboard_launch": {"errors"},
 }
@@ -48,7 +51,9 @@ def utils_imports(path):
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "utils":
             names = [node.module.split(".")[1]] if "." in node.module else [alias.name for alias in node.names]
-            found.update(names)
+            # `from utils import NAME` takes a module, or a name the package itself (__init__) defines
+            found.update(name if os.path.exists(os.path.join(ROOT, "utils", f"{name}.py")) else "__init__"
+                         for name in names)
         elif isinstance(node, ast.Import):
             found.update(alias.name.split(".")[1] for alias in node.names if alias.name.startswith("utils."))
     return found
