@@ -252,7 +252,7 @@ stage_tests-compile() {
 }
 
 stage_scaling() {
-    # The weak-scaling points this node can give (README, "Multi-GPU performance"): benchy trials at 1,
+    # The weak-scaling points this node can give (docs/04-distributed.md, "Multi-GPU performance"): benchy trials at 1,
     # 2, 4, ... ranks up to its GPUs, with DDP and with --noddp. On one GPU train.py does not wrap the
     # model in DDP, so the two differ by run-to-run noise only: the baseline multi-GPU overheads are
     # read against.

@@ -45,8 +45,8 @@ def read_result(path):
     """One --enable_benchy JSON file; a missing or unreadable one is refused with one paragraph."""
     if not os.path.isfile(path):
         raise UserError(f"{path} does not exist. Pass the JSON files that --enable_benchy runs wrote (the "
-                        "README's sbatch loop writes scaling/ddp_<N>.json and scaling/noddp_<N>.json; a shell "
-                        "pattern that matches no file is passed on as it is, hence this name).")
+                        "sbatch loop of docs/04-distributed.md writes scaling/ddp_<N>.json and scaling/noddp_<N>.json; a "
+                        "shell pattern that matches no file is passed on as it is, hence this name).")
     try:
         with open(path) as f:
             return json.load(f)

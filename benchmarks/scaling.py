@@ -18,7 +18,7 @@ points) and ``README.md`` (the table, with efficiency and overhead). A folder th
 files (a rerun on the same device, the same day, with the same options) is refused before anything
 runs: pass another ``--out_dir``, or ``--overwrite`` to replace its results. ``make figures`` plots
 every such folder with ``benchmarks.plot_scaling``. Points on several nodes come from the batch script
-(README, "Multi-GPU performance"); this measures what one node can show.
+(docs/04-distributed.md, "Multi-GPU performance"); this measures what one node can show.
 """
 import datetime
 import json
