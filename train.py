@@ -45,7 +45,7 @@ from utils.progress import Progress
 from utils.runs import (CONFIG_NAME, changed_options, default_run_num, record_config,
                         refuse_resume_without_checkpoint, run_num_given, schedule_change)
 from utils.signals import StopSignals
-from utils.step_spread import StepSpread
+from utils.step_spread import step_spread
 
 
 @dataclasses.dataclass(frozen=True)
@@ -493,7 +493,7 @@ def main(argv=None, make_step=None, graph_capture=False):
     precision = Precision(params.amp_mode, device, cache=not graph_capture)
     loss_fn = build_loss(params)
     step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
-    spread = StepSpread(model, device, world)  # each rank's own step time, gathered once an epoch
+    spread = step_spread(model, device, world)  # each rank's own step time, gathered once an epoch
     step_fn = spread.timed(step_fn)
     model = compile_model(model, params)
     stop = StopSignals(world, device)  # from here on, Ctrl-C and SIGTERM stop at the next step

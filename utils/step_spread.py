@@ -57,6 +57,20 @@ class _EventClock:
         return start.elapsed_time(end) / 1e3  # waits for ``end``: called once the epoch's work is done
 
 
+def step_spread(model, device, world):
+    """The spread's timer where there are ranks to compare; on one rank, one that does nothing (no
+    hooks, no log line: a single rank has no straggler)."""
+    return StepSpread(model, device, world) if world.size > 1 else _OneRank()
+
+
+class _OneRank:
+    def timed(self, step_fn):
+        return step_fn
+
+    def log(self, tensorboard, step):
+        return None
+
+
 class StepSpread:
     """Times each step's own work on this rank; :meth:`log` gathers and reports it once an epoch."""
 
