@@ -1,12 +1,14 @@
 """The time estimate before training: a GPU-sized config on a CPU is refused with one paragraph, unless --device=cpu."""
+import logging
 import os
 import re
-import logging
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from conftest import run_train
+from conftest import ROOT, run_train
 from utils import estimate
 from utils.estimate import check_run_time, format_duration, measure_cpu_flops
 from utils.distributed import World
@@ -29,7 +31,7 @@ def test_the_default_config_on_a_cpu_is_refused_before_anything_is_read_or_writt
 def test_every_run_logs_its_estimate_and_a_tiny_one_measures_nothing(caplog, monkeypatch):
     caplog.set_level(logging.INFO)
     params = load_params(["--config=demo", "--crop_size=64", "--full_scale", "--num_epochs=1"])
-    monkeypatch.setattr(estimate, "measure_cpu_flops", lambda: 10e9)  # the rate only: the arithmetic is real
+    monkeypatch.setattr(estimate, "measure_cpu_flops", lambda *_: (10e9, "a stand-in"))  # the rate only: the arithmetic is real
     check_run_time(params, World(), torch.device("cpu"))
     flops = 512 * 6.94e9 + 2 * 64 * 6.94e9 / 3  # one epoch of 512 samples and two validations of 64
     assert f"would train for about {format_duration(flops / 10e9)} on this CPU: 1 epoch of 512 samples at 6.94 " \
@@ -40,7 +42,7 @@ def test_every_run_logs_its_estimate_and_a_tiny_one_measures_nothing(caplog, mon
 
 
 def test_the_refusal_quotes_the_demo_by_the_same_estimate(monkeypatch):
-    monkeypatch.setattr(estimate, "measure_cpu_flops", lambda: 20e9)
+    monkeypatch.setattr(estimate, "measure_cpu_flops", lambda *_: (20e9, "a stand-in"))
     with pytest.raises(UserError) as refusal:
         check_run_time(load_params(["--config=short"]), World(), torch.device("cpu"))
     demo = 4 * 512 * 0.86e9 + 5 * 64 * 0.86e9 / 3
@@ -48,9 +50,31 @@ def test_the_refusal_quotes_the_demo_by_the_same_estimate(monkeypatch):
         "estimate)" in str(refusal.value)
 
 
-def test_the_cpu_rate_is_a_plausible_measurement():
-    rate = measure_cpu_flops()
+@pytest.mark.parametrize("options, local_batch, probe", [
+    (["--config=demo"], 8, "this run's training step at batch 8"),  # 0.86 GFLOP a sample: the whole batch
+    (["--config=demo", "--crop_size=64", "--full_scale"], 8, "this run's training step at batch 2"),  # 6.94 each
+    (["--config=short"], 64, "a 3-D convolution"),  # 80.5 GFLOP a sample: over PROBE_FLOPS even at batch 1
+])
+def test_the_cpu_rate_is_measured_on_the_runs_own_step_where_it_fits(options, local_batch, probe):
+    rate, timed = measure_cpu_flops(load_params(options), local_batch)
+    assert timed == probe
     assert 1e8 < rate < 1e14  # between a tenth of a GFLOP/s and 100 TFLOP/s
+
+
+def test_the_probe_runs_the_configured_model_in_its_precision(monkeypatch):
+    built, autocasts = [], []
+    real_unet, real_precision = estimate.UNet, estimate.Precision
+    monkeypatch.setattr(estimate, "UNet", lambda *args: built.append(args) or real_unet(*args))
+
+    class Recording(real_precision):
+        def autocast(self):
+            autocasts.append(self.dtype)
+            return super().autocast()
+
+    monkeypatch.setattr(estimate, "Precision", Recording)
+    measure_cpu_flops(load_params(["--config=test", "--base_channels=8", "--amp_mode=bf16"]), 4)
+    assert built[-1] == (4, 5, 8, False)  # N_in, N_out, base_channels, full_scale of the run
+    assert autocasts == [torch.bfloat16] * 3  # the step that picks the kernels, then two timed
 
 
 @pytest.mark.parametrize("seconds, text", [(30, "30 s"), (600, "10 min"), (3 * 3600, "3.0 hours"),
@@ -64,5 +88,14 @@ def test_a_cpu_run_logs_its_thread_count_and_warns_about_fp16(tmp_path):
     result = run_train(["--config=test", "--amp_mode=fp16", f"--expdir={tmp_path}", "--train_path=/nowhere.h5"],
                        env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
     assert result.returncode == 2 and "/nowhere.h5" in result.stderr
-    assert "CPU threads: 1 (torch.get_num_threads(); OMP_NUM_THREADS sets it)" in result.stdout
+    assert "CPU threads: 1 (torch.get_num_threads(); OMP_NUM_THREADS sets it; CPU: " in result.stdout
     assert "--amp_mode=fp16 on a CPU is slow" in result.stdout and "use --amp_mode=bf16 or none" in result.stdout
+
+
+def test_the_probes_compared_from_the_command_line():
+    result = subprocess.run([sys.executable, "-m", "utils.estimate", "--config=test", "--base_channels=8"],
+                            capture_output=True, text=True, check=True, cwd=ROOT)
+    lines = result.stdout.splitlines()
+    assert re.fullmatch(r".+, \d+ threads; --config=test: [\d.e+-]+ TFLOP of training and validation", lines[0])
+    assert re.fullmatch(r"  its own step at batch 1: \d+ GFLOP/s, an estimate of [\d.]+ (s|min|hours|days)", lines[1]), lines
+    assert re.fullmatch(r"  one 3-D convolution: \d+ GFLOP/s, an estimate of [\d.]+ (s|min|hours|days)", lines[2]), lines

@@ -25,7 +25,7 @@ UTILS_IMPORTS = {
     "halo": set(),  # receives the mesh from the caller
     "errors": set(),
     "files": set(),
-    "estimate": {"errors", "flops", "YParams"},  # the run's FLOPs and the device's rate; the demo's, for the refusal
+    "estimate": {"errors", "flops", "optim", "YParams"},  # the run's FLOPs; the rate of its own step, in its precision; the demo's, for the refusal
     "flops": {"errors"},
     "generate_data": {"convert_h5_to_npy", "errors", "files"},  # it also writes the .npy copies
     "logging_utils": set(),

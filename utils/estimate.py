@@ -4,26 +4,34 @@ The configs of the original tutorial (``base``, ``short``, ``short_opt``, ``bs*`
 GPUs: on a CPU their 117 M-parameter U-Net trains for hours to days, and a user who forgot
 ``--config=demo`` should learn that before training, not after ten silent minutes. The estimate is
 the run's FLOPs (training: forward and backward of every sample of every epoch; validation:
-forward only, before training and after every epoch) over a rate: on a CPU, the rate this CPU
-reaches in a short measurement of 3-D convolutions (about half a second); on a GPU, its datasheet
-peak, which makes the estimate a lower bound. Every run logs its estimate before it trains (the
-measurement costs a fraction of a second); the refusal quotes the demo's estimate by the same model.
-What it leaves out: start-up, data loading, the validation metrics and, for small models, the
-per-step overheads that make them reach a smaller share of the measured rate.
+forward only, before training and after every epoch) over a rate. On a CPU the rate is measured
+just before, on the run's own training step: its U-Net, forward, loss and backward, at its local
+batch and crop, the batch cut down until one step costs at most PROBE_FLOPS (about a second); a
+model too large for that even at batch 1 (the original's full-width U-Net) is timed on one 3-D
+convolution instead, which runs faster than the whole U-Net and so makes that estimate a lower
+bound. On a GPU the rate is the datasheet's peak: a lower bound too. Every run logs its estimate
+before it trains; the refusal quotes the demo's estimate by the same model. What it leaves out:
+start-up, data loading, the validation metrics and the optimiser's step.
 """
 import logging
+import platform
+import sys
 import time
 
 import torch
 
+from networks.UNet import UNet
 from utils.errors import UserError
-from utils.flops import precision_of, resolve_peak_flops, unet_flops_per_sample
+from utils.flops import precision_of, resolve_peak_flops, training_flops_per_sample, unet_flops_per_sample
+from utils.optim import Precision
+from utils.YParams import YParams, data_parallel_size
 
 # Below this many FLOPs a run trains in seconds (under 10 s at the 10 GFLOP/s even a laptop's CPU
 # reaches): said without measuring the CPU.
 TINY_RUN_FLOPS = 1e11
 WARN_SECONDS = 10 * 60   # longer than this on a CPU: said in a warning
 REFUSE_SECONDS = 60 * 60  # longer than this on a CPU: refused unless --device=cpu asks for the CPU
+PROBE_FLOPS = 2e10        # the CPU's rate is timed on a step of at most this many FLOPs: about a second
 
 
 def run_flops(params, flops_per_sample):
@@ -33,18 +41,52 @@ def run_flops(params, flops_per_sample):
     return training + validation
 
 
-def measure_cpu_flops(repeats=2):
-    """FLOP/s this CPU reaches on a 3-D convolution's forward and backward (the U-Net's bulk), best of ``repeats``."""
+def measure_cpu_flops(params, local_batch, repeats=2, limit=None):
+    """FLOP/s this CPU reaches on the run's training step, and what was timed, in words.
+
+    The step is the run's own (its U-Net at its crop and local batch, forward, loss and backward,
+    in its precision), with the batch cut down to keep the step under ``limit`` (PROBE_FLOPS).
+    Best of ``repeats`` steps after one that also picks the kernels.
+    """
+    limit = PROBE_FLOPS if limit is None else limit
+    def build():
+        return UNet(params.N_in_channels, params.N_out_channels, params.base_channels, params.full_scale)
+
+    side = params.crop_size
+    per_sample = training_flops_per_sample(build, (params.N_in_channels, side, side, side))
+    if not per_sample or per_sample > limit:
+        return measure_conv_flops(repeats), "a 3-D convolution"
+    batch = max(1, min(local_batch, int(min(limit, 1e18) // per_sample)))
+    model = build().to(memory_format=torch.channels_last_3d if params.channels_last else torch.contiguous_format)
+    inputs = torch.randn(batch, params.N_in_channels, side, side, side)
+    targets = torch.randn(batch, params.N_out_channels, side, side, side)
+    autocast = Precision(params.amp_mode, torch.device("cpu")).autocast
+
+    def step():
+        with autocast():
+            loss = torch.nn.functional.l1_loss(model(inputs).float(), targets)
+        loss.backward()
+
+    return batch * per_sample / best_time(step, repeats), f"this run's training step at batch {batch}"
+
+
+def measure_conv_flops(repeats=2):
+    """FLOP/s this CPU reaches on a 3-D convolution's forward and backward (the U-Net's bulk)."""
     inputs = torch.randn(2, 16, 32, 32, 32)
     conv = torch.nn.Conv3d(16, 16, 3, padding=1)
     flops = 3 * 2 * 16 * 16 * 27 * 32**3 * 2  # forward, input and weight gradients; 2 FLOPs a multiply-add
-    conv(inputs).sum().backward()  # the first call also picks the kernels
+    return flops / best_time(lambda: conv(inputs).sum().backward(), repeats)
+
+
+def best_time(step, repeats):
+    """The shortest of ``repeats`` timed calls of ``step``, after one that also picks the kernels."""
+    step()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        conv(inputs).sum().backward()
+        step()
         best = min(best, time.perf_counter() - start)
-    return flops / best
+    return best
 
 
 def format_duration(seconds):
@@ -58,13 +100,26 @@ def format_duration(seconds):
 
 
 def describe_cpu(params):
-    """The CPU facts a user needs to compare runs: the thread count (it changes the order of the
-    floating-point sums, hence the losses' last digits) and that fp16 autocast is slow on CPUs."""
-    logging.info("CPU threads: %d (torch.get_num_threads(); OMP_NUM_THREADS sets it). Losses differ in their "
-                 "last digits between thread counts.", torch.get_num_threads())
+    """The CPU facts a user needs to compare runs: its model and thread count (the thread count changes
+    the order of the floating-point sums, hence the losses' last digits), and that fp16 autocast is
+    slow on CPUs."""
+    logging.info("CPU threads: %d (torch.get_num_threads(); OMP_NUM_THREADS sets it; CPU: %s). Losses differ in "
+                 "their last digits between thread counts.", torch.get_num_threads(), cpu_model())
     if params.amp_mode == "fp16":
         logging.warning("--amp_mode=fp16 on a CPU is slow: PyTorch's CPU float16 convolutions run several times "
                         "slower than fp32 ones. On a CPU use --amp_mode=bf16 or none; fp16 is for GPUs.")
+
+
+def cpu_model():
+    """The CPU's model name (Linux's /proc/cpuinfo; elsewhere what the platform module knows)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def check_run_time(params, world, device):
@@ -90,15 +145,15 @@ def check_run_time(params, world, device):
             logging.info("Estimated time: at least %s (%.3g PFLOP at %d GPU(s)' peak).",
                          format_duration(total / (peak * world.size)), total / 1e15, world.size)
         return
-    rate = measure_cpu_flops()
+    rate, probe = measure_cpu_flops(params, params.global_batch_size // data_parallel_size(params.domain_mesh, world.size))
     seconds = total / (rate * world.size)
     summary = (f"--config={params.config} would train for about {format_duration(seconds)} on this CPU: "
-               f"{params.num_epochs} epoch{'s' * (params.num_epochs != 1)} of {params.Nsamples} samples at {flops_per_sample / 1e9:.3g} GFLOP "
-               f"each, {total / 1e15:.3g} PFLOP in all, at the {rate / 1e9:.0f} GFLOP/s per rank this CPU "
-               f"reached just now on a 3-D convolution ({world.size} rank(s)).")
+               f"{params.num_epochs} epoch{'s' * (params.num_epochs != 1)} of {params.Nsamples} samples at "
+               f"{flops_per_sample / 1e9:.3g} GFLOP each, {total / 1e15:.3g} PFLOP in all, at the "
+               f"{rate / 1e9:.0f} GFLOP/s per rank this CPU reached just now on {probe} ({world.size} rank(s)).")
     if seconds > REFUSE_SECONDS and params.device != "cpu":
         raise UserError(f"{summary} The tutorial's configs other than demo are sized for GPUs. On a CPU, use "
-                        f"--config=demo ({demo_estimate(params, rate)}), or shrink this one (e.g. "
+                        f"--config=demo ({demo_estimate(params)}), or shrink this one (e.g. "
                         "--num_epochs, --Nsamples, --crop_size, --base_channels). To train it on the CPU "
                         "anyway, pass --device=cpu.")
     if seconds > WARN_SECONDS:
@@ -107,13 +162,36 @@ def check_run_time(params, world, device):
         logging.info("Estimated time: %s", summary)
 
 
-def demo_estimate(params, rate):
+def demo_estimate(params):
     """What the same estimate gives the demo config on this CPU, in words."""
-    from utils.YParams import YParams
-
     try:
         demo = YParams(params.yaml_filename, "demo")
     except UserError:  # a config file of the user's own, without a demo
         return "sized for a laptop"
+    rate, _ = measure_cpu_flops(demo, demo.global_batch_size)
     seconds = run_flops(demo, unet_flops_per_sample(demo)) / rate
     return f"about {format_duration(seconds)} of training on this CPU by the same estimate"
+
+
+def compare_probes(argv):
+    """``python -m utils.estimate [--key=value ...]``: the rate of the configured U-Net's own training
+    step at batch 1 beside the one-convolution probe's, on this CPU, and the estimate they give.
+
+    The run's step is timed whatever its size (the 117 M-parameter U-Net at 64^3 takes seconds),
+    which shows how far the convolution alone, used for models over PROBE_FLOPS, is from the whole
+    step on this machine.
+    """
+    from utils.YParams import load_params
+
+    params = load_params(argv)
+    total = run_flops(params, unet_flops_per_sample(params))
+    own, _ = measure_cpu_flops(params, 1, limit=float("inf"))
+    conv = measure_conv_flops()
+    print(f"{cpu_model()}, {torch.get_num_threads()} threads; --config={params.config}: "
+          f"{total / 1e12:.3g} TFLOP of training and validation")
+    for name, rate in (("its own step at batch 1", own), ("one 3-D convolution", conv)):
+        print(f"  {name}: {rate / 1e9:.0f} GFLOP/s, an estimate of {format_duration(total / rate)}")
+
+
+if __name__ == "__main__":
+    compare_probes(sys.argv[1:])
