@@ -13,7 +13,7 @@ UTILS_IMPORTS = {
     "__init__": {"data_loader", "data_loader_gpu", "data_loader_dali"},  # the dispatcher, lazily
     "YParams": {"errors", "logging_utils"},
     "accumulation": set(),  # the configuration block goes to out.log only
-    "benchy": {"errors", "flops", "noise"},  # benchy's reports include the MFU, and say when trials are noise
+    "benchy": {"conv3d", "errors", "flops", "noise"},  # the MFU, at the peak of the precision that runs; noisy trials
     "checkpoint": {"distributed", "files"},  # FSDP shards are gathered into one file
     "compiler": {"errors"},
     "conv3d": {"flops"},  # the precision the convolutions run in
