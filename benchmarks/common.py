@@ -42,12 +42,19 @@ def argument_parser(doc, presets, scratch=None):
 
 
 def add_output_options(parser, committed, user, out_dir_help=""):
-    """--out_dir and --committed: ``committed`` is the tool's folder of committed results (relative to the
-    repository), ``user`` its folder under runs/benchmarks/."""
+    """--out_dir and, for a tool whose results the README quotes, --committed: ``committed`` is the tool's
+    folder of committed results (relative to the repository; None for a tool without any), ``user`` its
+    folder under runs/benchmarks/."""
     parser.add_argument("--out_dir", default=None, help=out_dir_help or (
         f"where the results go (default: runs/benchmarks/{user}/, not tracked by git)"))
-    parser.add_argument("--committed", action="store_true", help=f"write where the results the README quotes "
-                        f"are ({committed}), instead of runs/benchmarks/: to remake them")
+    if committed:
+        parser.add_argument("--committed", action="store_true", help=f"write where the results the README quotes "
+                            f"are ({committed}), instead of runs/benchmarks/: to remake them")
+
+
+def user_folder(user):
+    """A tool's folder of a user's results: runs/benchmarks/<user>/ (ignored by git)."""
+    return os.path.join(USER_RESULTS, user)
 
 
 def results_folder(args, committed, user):
@@ -55,7 +62,7 @@ def results_folder(args, committed, user):
     committed folder."""
     if args.out_dir:
         return args.out_dir
-    return os.path.join(ROOT, committed) if args.committed else os.path.join(USER_RESULTS, user)
+    return os.path.join(ROOT, committed) if getattr(args, "committed", False) else user_folder(user)
 
 
 def user_file(path):

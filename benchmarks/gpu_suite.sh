@@ -24,7 +24,8 @@
 # where the 3-D convolutions run), but for Nsight Systems: the profiles stage uses it where the
 # preflight saw it write a report (this command's preflight.json, or .carry/preflight/preflight.json
 # carried along), probes it itself, capped, where neither says, and leaves it out where one says no.
-# Results land under RESULTS (default benchmarks/results/): preflight.json, the ladder's files,
+# Results land under RESULTS (default runs/benchmarks/gpu_suite/, not tracked by git, as every benchmark
+# tool's; RESULTS=benchmarks/results remakes the committed ones): preflight.json, the ladder's files,
 # profiles/, layers/, scaling/, loaders/ (the DALI stage's ladder), multi-gpu/, the test reports and
 # this suite's logs.
 #
@@ -49,7 +50,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
-RESULTS=${RESULTS:-benchmarks/results}  # where results go (tests point it elsewhere)
+RESULTS=${RESULTS:-runs/benchmarks/gpu_suite}  # where results go (benchmarks/suite_plan.py's SUITE_RESULTS)
 DATA_DIR=data/benchmark
 PREFLIGHT=$RESULTS/preflight.json
 CARRIED_PREFLIGHT=.carry/preflight/preflight.json
@@ -204,7 +205,7 @@ on_signal() {
 PYTEST=(-m pytest -q -ra -p no:cacheprovider --durations=15)
 
 stage_preflight() {
-    step preflight 40 "$PYTHON" -m benchmarks.preflight --out "$PREFLIGHT" --nsys_timeout 30
+    step preflight 40 "$PYTHON" -m benchmarks.preflight --out_dir "$RESULTS" --nsys_timeout 30  # writes $PREFLIGHT
 }
 
 stage_ladder() {

@@ -28,10 +28,10 @@ import train
 from benchmarks.common import (add_output_options, argument_parser, check_preset, claim_files, device_name,
                                device_slug, free_name, results_folder, write_report)
 from utils.YParams import load_params
-from utils.conv3d import check_conv3d, cudnn_text
+from utils.conv3d import check_conv3d, cudnn_text, running_precision
 from utils.distributed import World
 from utils.errors import exit_on_user_error
-from utils.flops import precision_of, resolve_peak_flops, unet_flops_per_sample
+from utils.flops import resolve_peak_flops, unet_flops_per_sample
 from utils.losses import build_loss
 from utils.optim import Precision, build_optimizer
 
@@ -203,7 +203,7 @@ def main(argv=None):
     params = load_params([*PRESETS[args.preset]["options"], *options])
     train.check_crop_size(params)
     device = train.pick_device(params, World())  # cuDNN autotuning and TF32 as the options say
-    precision = precision_of(params.amp_mode, params.tf32 and device.type == "cuda")
+    precision = running_precision(params.amp_mode, params.tf32, device)  # the MFU's peak is this one's
     stamp = datetime.datetime.now(datetime.timezone.utc)
     name = device_name(device.type == "cuda")
     base = free_name(os.path.join(results_folder(args, "benchmarks/results/layers", "layers"),

@@ -1,12 +1,14 @@
 """The GPU suite's first command: in about 30 seconds, what every later stage relies on.
 
-    python -m benchmarks.preflight                 # = benchmarks/gpu_suite.sh preflight
+    python -m benchmarks.preflight                 # the stage benchmarks/gpu_suite.sh preflight runs
 
-It prints each check's line and rewrites ``benchmarks/results/preflight.json`` as each check
-finishes (a preflight stopped at its limit keeps what it found). The facts that decide what the
-later stages of ``benchmarks/gpu_suite.sh`` do are re-derived by those stages in seconds (the
-compiler, DALI, where the convolutions run), since a later command may find a bare machine;
-the nsys probe's answer travels when its preflight.json is carried (``--plan`` says how):
+It prints each check's line and rewrites ``preflight.json`` as each check finishes (a preflight
+stopped at its limit keeps what it found), in ``runs/benchmarks/preflight/`` (ignored by git, as
+every benchmark tool's results) or the folder ``--out_dir`` names (the suite's results folder);
+the last line says where. The facts that decide what the later stages of
+``benchmarks/gpu_suite.sh`` do are re-derived by those stages in seconds (the compiler, DALI,
+where the convolutions run), since a later command may find a bare machine; the nsys probe's
+answer travels when its preflight.json is carried (``--plan`` says how):
 
 - torch, CUDA and cuDNN versions, the GPU's name and free memory;
 - the runtime requirements (requirements.txt) importable, which train.py needs;
@@ -39,7 +41,7 @@ import time
 
 import torch
 
-from benchmarks.common import ROOT
+from benchmarks.common import ROOT, add_output_options, relative, results_folder, user_folder
 from utils.compiler import compile_problem
 from utils.conv3d import AMP_DTYPES, conv_backends, cudnn_text, known_issues, on_cudnn, running_precision
 from utils.data_loader import shm_free_bytes
@@ -259,6 +261,9 @@ def passed(facts):
     return conv["ok"] and facts["profiler"]["ok"] and not facts["missing_requirements"]
 
 
+FILE = "preflight.json"  # in the output folder
+
+
 def write(path, facts):
     """``facts`` to ``path`` whole, or not at all (a new file moved over the old)."""
     with open(path + ".tmp", "w") as f:
@@ -268,16 +273,18 @@ def write(path, facts):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "preflight.json"))
+    add_output_options(parser, None, "preflight", "the folder preflight.json goes in, rewritten by every "
+                       "preflight (default: runs/benchmarks/preflight/, not tracked by git)")
     parser.add_argument("--nsys_timeout", type=int, default=45,
                         help="seconds for nsys to write a report, its importer included")
     args = parser.parse_args(argv)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    out = os.path.join(results_folder(args, None, "preflight"), FILE)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     start = time.perf_counter()
     printed = set()
 
     def done(facts, key):  # each check written and printed as it finishes: a preflight cut short keeps them
-        write(args.out, facts)
+        write(out, facts)
         text = line(facts, key)
         if text:
             print("preflight:", text, flush=True)
@@ -291,13 +298,15 @@ def main(argv=None):
     facts["passed"] = passed(facts)
     for text in decisions(facts):
         print("preflight:", text, flush=True)
-    print(f"preflight: {'passed' if facts['passed'] else 'FAILED'} in {facts['seconds']} s; {args.out}")
-    write(args.out, facts)
+    write(out, facts)
+    print(f"preflight: {'passed' if facts['passed'] else 'FAILED'} in {facts['seconds']} s; results: {relative(out)}")
     return 0 if facts["passed"] else 1
 
 
-def read(path=os.path.join(ROOT, "benchmarks", "results", "preflight.json")):
-    """The preflight's facts on this machine, or None when it has not run here."""
+def read(path=None):
+    """The preflight's facts on this machine (in ``path``, by default where ``python -m benchmarks.preflight``
+    writes them), or None when it has not run here."""
+    path = path or os.path.join(user_folder("preflight"), FILE)
     try:
         with open(path) as f:
             return json.load(f)

@@ -78,6 +78,7 @@ GATHER = "${HOME:-/root}/carry"
 SMALL_WHEELS = ["ruamel.yaml"]
 WHEELS = ".carry/wheels"
 CARRIED_PREFLIGHT = ".carry/preflight"  # the preflight's answer, for the commands after it
+SUITE_RESULTS = "runs/benchmarks/gpu_suite"  # gpu_suite.sh's RESULTS: the archives hold its files under it
 INSTALL = (f"python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target \"{SITE}\" {WHEELS}/*.whl "
            f"&& export PYTHONPATH=\"{SITE}${{PYTHONPATH:+:$PYTHONPATH}}\"")
 # The lent machine: 30 minutes held at most; 1-2 minutes to start; given back 30 s after a command; the
@@ -305,7 +306,7 @@ def main(argv=None):
              "manifest in the last (../shared/gpu/pack-wheels.sh); check them here with: cat .carry/*/part.* | "
              "tar tf -" if any(command["what"].startswith("DALI") for command in commands) else "") + ".")
     print(f"After command 1, within the 30 s: mkdir -p {CARRIED_PREFLIGHT} && tar xzf <its files>/gpu_suite_"
-          f"preflight.tgz -O benchmarks/results/preflight.json > {CARRIED_PREFLIGHT}/preflight.json (the "
+          f"preflight.tgz -O {SUITE_RESULTS}/preflight.json > {CARRIED_PREFLIGHT}/preflight.json (the "
           "preflight's nsys answer, carried by the commands after it; without it the profiles stage probes nsys "
           "again, at most 45 s).")
     fits = True

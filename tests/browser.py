@@ -11,15 +11,9 @@ import subprocess
 
 import pytest
 
+from conftest import unavailable
 from utils.errors import UserError
 from figures.tensorboard_screenshot import find_chromium
-
-
-def unavailable(reason):
-    """Skip the test, or fail it under CI."""
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI is set, so this fails instead of skipping)", pytrace=False)
-    pytest.skip(reason)
 
 
 def ensure_chromium():

@@ -34,6 +34,7 @@ def needs_cuda(reason="needs a CUDA device"):
 
 
 def free_port():
+    """A TCP port free on this machine now (the system's pick), for a process group's or a daemon's port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -42,7 +43,7 @@ def free_port():
 def unavailable(reason):
     """Skip, or fail under CI (where a skipped Slurm test would hide a broken batch script)."""
     if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI is set, so this is an error, not a skip)")
+        pytest.fail(f"{reason} (CI is set, so this is an error, not a skip)", pytrace=False)
     pytest.skip(reason)
 
 

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from benchmarks import common, domain, ladder, precision, profiles, scaling
+from benchmarks import common, domain, ladder, precision, preflight, profiles, scaling
 from conftest import ROOT, snapshot
 
 TOOLS = {"ladder": ladder, "profiles": profiles, "scaling": scaling}
@@ -134,6 +134,22 @@ def test_every_tool_writes_a_second_run_of_the_day_beside_the_first(tool, tmp_pa
     assert set(again) <= set(made), made
     assert earlier.read_text() == "an earlier run's results\n"
     assert snapshot(os.path.join(ROOT, "benchmarks", "results")) == committed
+
+
+def test_the_preflight_writes_its_facts_outside_the_tracked_folders(tmp_path, monkeypatch, capsys):
+    """`python -m benchmarks.preflight` (this machine's facts, rewritten by every preflight) writes
+    runs/benchmarks/preflight/preflight.json (here a scratch folder in runs/benchmarks' place), says so,
+    and reads it back from there; nothing goes into benchmarks/results/. --out_dir names another folder."""
+    monkeypatch.setattr(common, "USER_RESULTS", str(tmp_path / "runs" / "benchmarks"))
+    committed = snapshot(os.path.join(ROOT, "benchmarks", "results"))
+    assert preflight.main([]) == 0
+    written = tmp_path / "runs" / "benchmarks" / "preflight" / "preflight.json"
+    facts = json.loads(written.read_text())
+    assert facts["passed"] and preflight.read() == facts
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f"; results: {written}")
+    assert snapshot(os.path.join(ROOT, "benchmarks", "results")) == committed
+    assert preflight.main(["--out_dir", str(tmp_path / "elsewhere")]) == 0
+    assert preflight.read(str(tmp_path / "elsewhere" / "preflight.json"))["passed"]
 
 
 def test_the_default_folders_take_the_next_free_name():

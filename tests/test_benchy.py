@@ -12,10 +12,11 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from networks.UNet import UNet
 from benchmarks.trials import run_trials
-from utils import benchy
+from utils import benchy, conv3d
 from utils.benchy import BenchyLoader, check_benchy_options, load_benchy_config, wrap_for_benchy
 from utils.distributed import World
 from utils.errors import UserError
+from utils.flops import precision_of
 from utils.YParams import YParams
 
 NBATCHES, NTRIALS, NWARMUP = 3, 2, 1
@@ -139,6 +140,24 @@ def test_a_benchy_run_prints_benchys_summary_and_writes_the_json(params, benchy_
         assert results["mfu"][kind] == pytest.approx(
             results["flops_per_sample"] * sum(results[kind]["trial_throughput"]) / NTRIALS / 0.5e12)
     assert results["nranks"] == 1 and results["peak_mem_gb"] is None
+
+
+def test_the_mfus_peak_is_that_of_the_precision_the_convolutions_run_in(params, benchy_env, tmp_path, monkeypatch):
+    """float32 with TF32 asked for: the MFU is against the FP32 peak where TF32 does not run, on a CPU and on
+    a GPU whose PyTorch and cuDNN turn TF32 off for 3-D convolutions (PyTorch 2.9.1 with cuDNN 9.11:
+    utils/conv3d.py's table; the versions are stood in, as this CPU build has no cuDNN), though the
+    options alone (utils.flops.precision_of) say TF32; against TF32's where cuDNN runs it (9.16)."""
+    monkeypatch.setenv("PEAK_TFLOPS", "1")  # the peak without a GPU to look up: the precision is what differs
+    params.update({"amp_mode": "none", "tf32": True})
+    assert precision_of(params.amp_mode, params.tf32) == "tf32"
+
+    def precision(device, versions=None):
+        if versions:
+            monkeypatch.setattr(conv3d, "library_versions", lambda: versions)
+        return wrap_for_benchy(CountingLoader(), params, World(), torch.device(device), str(tmp_path)).precision
+    assert precision("cpu") == "fp32"
+    assert precision("cuda", ("2.9.1+cu130", 91100)) == "fp32"
+    assert precision("cuda", ("2.9.1+cu130", 91600)) == "tf32"
 
 
 def test_trials_use_one_cached_batch_for_synthetic_and_fresh_batches_for_full(params, benchy_env, tmp_path):

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import dist_worker
-from conftest import ROOT
+from conftest import ROOT, free_port
 from utils import distributed
 from utils.distributed import World
 from utils.errors import UserError
@@ -27,12 +27,6 @@ CPU, GPU = torch.device("cpu"), torch.device("cuda")  # the device the ranks wou
 
 WORKER = os.path.join(ROOT, "tests", "dist_worker.py")
 EXACT_DDP = ["ddp", "ddp_bucket_view", "ddp_static"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

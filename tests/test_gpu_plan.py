@@ -48,14 +48,26 @@ sys.meta_path.insert(0, _Lacking())
 '''
 
 
-def plan_commands():
-    """(what, command, carry) of each command the plan prints."""
+def plan_output():
     result = subprocess.run([os.path.join(ROOT, "benchmarks", "gpu_suite.sh"), "--plan"], cwd=ROOT,
                             env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def plan_commands():
+    """(what, command, carry) of each command the plan prints."""
     return [(what, command, carry.split(", "))
             for what, carry, command in re.findall(r"^ *\d+\. (.+?): budget \d+ s, about \d+ s; carry (.+?); "
-                                                    r"timeout_s \d+ \(fits\)\n    \$ (.+)$", result.stdout, flags=re.M)]
+                                                    r"timeout_s \d+ \(fits\)\n    \$ (.+)$", plan_output(), flags=re.M)]
+
+
+def carry_preflight_answer(carried, files):
+    """The plan's step after command 1, as printed: its preflight.json copied out of the command's archive
+    into the checkout's .carry/preflight, which the commands after it carry."""
+    [copy] = re.findall(r"^After command 1, within the 30 s: (.+?) \(the preflight's", plan_output(), flags=re.M)
+    copy = copy.replace("<its files>", os.path.dirname(files["gpu_suite_preflight.tgz"]))
+    subprocess.run(["bash", "-c", copy], cwd=carried, check=True, timeout=60)
 
 
 def wheel_of(distribution, folder):
@@ -147,9 +159,10 @@ def test_every_command_of_the_plan_runs_on_a_bare_machine(machine):
             if stage == "preflight":
                 facts = json.loads(texts["preflight.json"])
                 assert facts["passed"] and facts["missing_requirements"] == []  # ruamel.yaml came from the carry
-                # The plan's step after command 1: its preflight.json travels with the commands after it.
-                (carried / ".carry" / "preflight").mkdir()
-                (carried / ".carry" / "preflight" / "preflight.json").write_text(texts["preflight.json"])
+                with tarfile.open(files["gpu_suite_preflight.tgz"]) as archive:  # outside the tracked folders
+                    assert all(name.startswith(suite_plan.SUITE_RESULTS + "/") for name in archive.getnames())
+                carry_preflight_answer(carried, files)
+                assert json.loads((carried / ".carry" / "preflight" / "preflight.json").read_text()) == facts
             if stage in ("ladder", "dali"):
                 [report] = [json.loads(text) for name, text in texts.items()
                             if name.endswith(".json") and name.startswith("cpu-")]

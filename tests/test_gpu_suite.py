@@ -96,6 +96,15 @@ def test_the_script_enforces_the_plans_budgets_and_runs_what_it_prices():
     assert '-m gpu -k "not compile and not dali"' in commands["tests-gpu"] and "-m gpu -k compile" in commands["tests-compile"]
 
 
+def test_the_plan_copies_the_preflights_answer_from_where_the_suite_writes_it():
+    """By default the suite writes under runs/benchmarks/ as every benchmark tool does, and its archives hold
+    that path: the plan's copy of the preflight's answer reads it there (tests/test_gpu_plan.py runs it)."""
+    assert f"RESULTS=${{RESULTS:-{suite_plan.SUITE_RESULTS}}}" in script()
+    assert "PREFLIGHT=$RESULTS/preflight.json" in script() and "--out_dir \"$RESULTS\"" in script_commands()["preflight"]
+    status, output = plan_output()
+    assert f"gpu_suite_preflight.tgz -O {suite_plan.SUITE_RESULTS}/preflight.json > .carry/preflight/" in output
+
+
 def test_a_stage_that_cannot_fit_is_reported():
     assert suite_plan.main(["--limit", "60"]) == 1
 

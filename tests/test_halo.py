@@ -7,7 +7,6 @@ from it. The mesh and its checks (utils/distributed.py) are tested here too, wit
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -15,19 +14,13 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import ROOT
+from conftest import ROOT, free_port
 from networks.UNet import UNet
 from utils import distributed, halo
 from utils.distributed import DomainMesh, World
 from utils.errors import UserError
 
 WORKER = os.path.join(ROOT, "tests", "domain_worker.py")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(scenario, mesh, out_dir, world_size=2, timeout=300):

@@ -13,7 +13,7 @@ UTILS_IMPORTS = {
     "__init__": {"data_loader", "data_loader_gpu", "data_loader_dali"},  # the dispatcher, lazily
     "YParams": {"errors", "logging_utils"},
     "accumulation": set(),  # the configuration block goes to out.log only
-    "benchy": {"errors", "flops", "noise"},  # benchy's reports include the MFU, and say when trials are noise
+    "benchy": {"conv3d", "errors", "flops", "noise"},  # the MFU, at the peak of the precision that runs; noisy trials
     "checkpoint": {"distributed", "files"},  # FSDP shards are gathered into one file
     "compiler": {"errors"},
     "conv3d": {"flops"},  # the precision the convolutions run in
@@ -90,3 +90,15 @@ def test_library_modules_answer_help_with_what_they_are():
                                 timeout=120)
         assert result.returncode == 0 and f"{module} has no command line of its own" in result.stdout, module
         assert len(result.stdout.splitlines()) > 3  # the module's docstring first
+
+
+def test_the_tests_shared_helpers_are_defined_once_in_conftest():
+    """A helper of tests/conftest.py (free_port, snapshot, ...) is imported by the test modules that use it,
+    never defined again beside it."""
+    def functions(path):
+        with open(path) as f:
+            return {node.name for node in ast.parse(f.read()).body if isinstance(node, ast.FunctionDef)}
+    shared = functions(os.path.join(ROOT, "tests", "conftest.py"))
+    again = {os.path.basename(path): sorted(functions(path) & shared)
+             for path in glob.glob(os.path.join(ROOT, "tests", "*.py")) if not path.endswith("conftest.py")}
+    assert {name: helpers for name, helpers in again.items() if helpers} == {}

@@ -16,7 +16,7 @@ def test_the_cpu_half_runs_and_names_what_it_skipped(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the GPU half runs instead")
     out = tmp_path / "preflight.json"
-    result = subprocess.run([sys.executable, "-m", "benchmarks.preflight", "--out", str(out)], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "benchmarks.preflight", "--out_dir", str(tmp_path)], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     printed = [line for line in result.stdout.splitlines() if line.startswith("preflight: ")]
@@ -84,7 +84,7 @@ def test_each_check_is_written_as_it_finishes(tmp_path):
     """A preflight stopped at its step's limit keeps what it found: preflight.json holds each check by the time
     its line is printed, long before the end (nsys's probe, the slowest check, comes last)."""
     out = tmp_path / "preflight.json"
-    process = subprocess.Popen([sys.executable, "-m", "benchmarks.preflight", "--out", str(out)], cwd=ROOT,
+    process = subprocess.Popen([sys.executable, "-m", "benchmarks.preflight", "--out_dir", str(tmp_path)], cwd=ROOT,
                                stdout=subprocess.PIPE, text=True)
     seen = {}
     for text in process.stdout:

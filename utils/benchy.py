@@ -51,7 +51,8 @@ import torch
 import yaml
 
 from utils.errors import UserError
-from utils.flops import env_peak_tflops, mfu, precision_of, resolve_peak_flops, unet_flops_per_sample
+from utils.conv3d import running_precision
+from utils.flops import env_peak_tflops, mfu, resolve_peak_flops, unet_flops_per_sample
 from utils.noise import order_note
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -626,7 +627,7 @@ def wrap_for_benchy(loader, params, world, device, run_dir):
         print(f"BENCHY::INFO::Message: Using benchy configuration file {path}." if path else
               "BENCHY::INFO::Message: Using default benchy configuration.", flush=True)
     on_gpu = torch.device(device).type == "cuda"
-    precision = precision_of(params.amp_mode, params.get("tf32", False) and on_gpu)
+    precision = running_precision(params.amp_mode, params.get("tf32", False), torch.device(device))
     peak, source = resolve_peak_flops(device, precision, config["global"]["peak_tflops"])
     arguments = dict(batch_size=params.global_batch_size // world.size, device=device,
                      world_size=world.size, rank=world.rank, flops_per_sample=unet_flops_per_sample(params),

@@ -105,12 +105,18 @@ def conv_backends(device, dtype, memory_format=torch.contiguous_format):
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def library_versions():
+    """(PyTorch's version, cuDNN's version integer or None): the pair :data:`KNOWN_ISSUES` is looked up by."""
+    return torch.__version__, torch.backends.cudnn.version()
+
+
 def running_precision(amp_mode, tf32, device):
-    """The arithmetic the 3-D convolutions really run in: :func:`~utils.flops.precision_of`'s, except
-    TF32 where this PyTorch and cuDNN turn it off for 3-D convolutions (:data:`KNOWN_ISSUES`): then
-    fp32, whose peak is the one an MFU must be measured against."""
-    precision = precision_of(amp_mode, tf32 and device.type == "cuda")  # TF32 exists on GPUs only
-    if precision == "tf32" and known_issues(torch.__version__, torch.backends.cudnn.version(), "tf32"):
+    """The arithmetic the 3-D convolutions really run in, whose peak an MFU must be measured against (the
+    ladder, benchmarks/layers.py and benchy's MFU all take it from here): :func:`~utils.flops.precision_of`'s,
+    except fp32 where it would say TF32 and TF32 does not run: on a CPU (TF32 exists on GPUs only), or
+    where this PyTorch and cuDNN turn it off for 3-D convolutions (:data:`KNOWN_ISSUES`)."""
+    precision = precision_of(amp_mode, tf32 and device.type == "cuda")
+    if precision == "tf32" and known_issues(*library_versions(), "tf32"):
         return "fp32"
     return precision
 
