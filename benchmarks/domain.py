@@ -17,8 +17,9 @@ second table extends the prediction to 512^3 and 1024^3 crops: per-rank activati
 parameters, gradients and Adam state, against the memory of an 80 GB H100, and the smallest mesh whose
 ranks fit. Those rows are predictions: no GPU run of domain parallelism is in the repository yet.
 
-Results: ``benchmarks/results/domain/<device>-<date>/domain.json`` and ``domain.md`` (refused if the
-folder holds files: ``--out_dir`` elsewhere, or ``--overwrite``).
+Results: ``runs/benchmarks/domain/<device>-<date>/domain.json`` and ``domain.md`` (``-2``, ``-3``, ...
+when that folder holds files); ``--committed`` writes under ``benchmarks/results/domain/`` instead,
+``--out_dir`` anywhere (refused if it holds files, unless ``--overwrite``).
 """
 import argparse
 import datetime
