@@ -5,9 +5,11 @@ the training data loader and turns the run's epochs into timed trials:
 
 - IO: the loader alone, iterated and discarded; the trials run before the first epoch.
 - SYNTHETIC: one batch fetched once and handed to training again and again: the loader's time is
-  gone, the copy to the device is not. With a loader whose batches are on the GPU (``gpu-inmem``,
-  ``dali-lowmem``) that is compute alone; with a host loader (``synthetic``, ``inmem``, ``lowmem``)
-  every step still copies the batch from pinned host memory, on the compute stream.
+  gone. Where that batch is on the GPU it is compute alone: the device loaders' (``gpu-inmem``,
+  ``dali-lowmem``) and, under the device prefetcher (``--device_prefetch``, the default on a GPU),
+  the host loaders', whose batch benchy caches after the prefetcher's copy. With
+  ``--device_prefetch=false`` a host loader's batch (``synthetic``, ``inmem``, ``lowmem``) is copied
+  from pinned host memory every step, on the compute stream, and SYNTHETIC includes that copy.
 - FULL: real batches, real training.
 
 Each trial is ``nbatches`` batches; ``nwarmup`` untimed warm-up trials come before ``ntrials``
