@@ -22,7 +22,7 @@ import torch
 
 from networks.UNet import UNet
 from utils.errors import UserError
-from utils.flops import precision_of, resolve_peak_flops, training_flops_per_sample, unet_flops_per_sample
+from utils.flops import precision_of, resolve_peak_flops, unet_flops_per_sample
 from utils.optim import Precision
 from utils.YParams import YParams, data_parallel_size
 
@@ -49,15 +49,13 @@ def measure_cpu_flops(params, local_batch, repeats=2, limit=None):
     Best of ``repeats`` steps after one that also picks the kernels.
     """
     limit = PROBE_FLOPS if limit is None else limit
-    def build():
-        return UNet(params.N_in_channels, params.N_out_channels, params.base_channels, params.full_scale)
-
-    side = params.crop_size
-    per_sample = training_flops_per_sample(build, (params.N_in_channels, side, side, side))
+    per_sample = unet_flops_per_sample(params)
     if not per_sample or per_sample > limit:
         return measure_conv_flops(repeats), "a 3-D convolution"
-    batch = max(1, min(local_batch, int(min(limit, 1e18) // per_sample)))
-    model = build().to(memory_format=torch.channels_last_3d if params.channels_last else torch.contiguous_format)
+    batch = local_batch if local_batch * per_sample <= limit else max(1, int(limit // per_sample))
+    side = params.crop_size
+    model = UNet(params.N_in_channels, params.N_out_channels, params.base_channels, params.full_scale)
+    model = model.to(memory_format=torch.channels_last_3d if params.channels_last else torch.contiguous_format)
     inputs = torch.randn(batch, params.N_in_channels, side, side, side)
     targets = torch.randn(batch, params.N_out_channels, side, side, side)
     autocast = Precision(params.amp_mode, torch.device("cpu")).autocast
