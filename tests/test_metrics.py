@@ -137,6 +137,25 @@ def test_power_spectrum_units_and_mode_counting():
     assert np.delete(power_d, wave_bin) == pytest.approx(np.zeros(5), abs=1e-9 * power_d[wave_bin])
 
 
+@pytest.mark.parametrize("side", [16, 32, 64, 128])
+def test_a_mode_on_a_bin_edge_falls_in_the_bin_above_on_every_device(side):
+    # Edge i of n log-spaced bins lies at |k|^2 = (side / 2)^(2 i / n) fundamentals^2, so a mode of integer
+    # |k|^2 = m is at or above it exactly when m^n >= (side / 2)^(2 i): integers, no rounding. The GPU's
+    # last bits differ from the CPU's, and a rule left to rounding put such modes in different bins.
+    n_bins, half = 6, side // 2
+    bins = k_bins(side, n_bins)
+    freq = [round(f * side) for f in np.fft.fftfreq(side)]
+    m = np.add.outer(np.add.outer(np.square(freq), np.square(freq)), np.square(np.arange(half + 1))).ravel()
+    expected = np.full(m.shape, -1)
+    for index, value in enumerate(m.tolist()):
+        if 1 <= value <= half**2:
+            expected[index] = max(i for i in range(n_bins) if value**n_bins >= half ** (2 * i))
+    member = bins.weights > 0
+    assert (member.sum(dim=0) <= 1).all()
+    got = np.where(member.any(dim=0).numpy(), member.double().argmax(dim=0).numpy(), -1)
+    assert (got == expected).all(), f"{int((got != expected).sum())} modes in another bin"
+
+
 def test_overdensity_is_the_physical_field_about_its_own_mean():
     x = torch.log(torch.tensor([1.0, 3.0]).repeat(4)).reshape(1, 2, 2, 2) / 14.0
     assert overdensity(x).flatten().tolist() == pytest.approx([-0.5, 0.5] * 4, rel=1e-5)

@@ -128,11 +128,13 @@ def k_bins(side, n_bins=DEFAULT_BINS, device="cpu"):
     fundamental, nyquist = 2 * math.pi / side, math.pi
     edges = torch.logspace(math.log10(fundamental), math.log10(nyquist), n_bins + 1,
                            device=device, dtype=torch.float64)
-    # Widen the outer edges by a hair so modes exactly at the fundamental and Nyquist count.
-    padded = edges.clone()
-    padded[0] *= 1 - 1e-9
-    padded[-1] *= 1 + 1e-9
-    index = torch.bucketize(k, padded)  # 1..n_bins inside, 0 or n_bins + 1 outside
+    # Bins are closed below and open above, [lo, hi), the last one closed at Nyquist. Many modes lie
+    # exactly on an edge (|k| = 4 fundamentals on the middle edge at side 32), and the CPU's and the
+    # GPU's last bits differ: the edges move down by a relative 1e-9 (the last one up), so that such a
+    # mode falls in the bin above on every device. Neighbouring |k| differ by more than 1e-5 up to side 256.
+    padded = edges * (1 - 1e-9)
+    padded[-1] = edges[-1] * (1 + 1e-9)
+    index = torch.bucketize(k, padded, right=True)  # 1..n_bins inside, 0 or n_bins + 1 outside
     member = index[None, :] == torch.arange(1, n_bins + 1, device=device)[:, None]
     weights = member.double() * multiplicity
     weights /= weights.sum(dim=1, keepdim=True).clamp_min(1.0)  # an empty bin (too many bins for the side) stays 0
