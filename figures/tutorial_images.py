@@ -156,6 +156,20 @@ def ladder_chart(report, path):
 TIMELINE_ROWS = ("step", "data copy in", "forward", "backward", "optimizer")
 
 
+def launched_kernels(events, start, end):
+    """The kernels the host launched between ``start`` and ``end``, wherever the device ran them: a
+    kernel's ``correlation`` names the runtime call (cudaLaunchKernel, cudaGraphLaunch, ...) that
+    queued it. A CUDA graph's replay is one call of well under a millisecond whose kernels run for tens
+    of milliseconds after it. Traces without correlations fall back to the kernels that started in the
+    window."""
+    launches = {e["args"]["correlation"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                and start <= e["ts"] < end and "correlation" in e.get("args", {})}
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    if launches:
+        return [e for e in kernels if e.get("args", {}).get("correlation") in launches]
+    return [e for e in kernels if start <= e["ts"] < end]
+
+
 def profile_timeline(trace, title, path, steps=2):
     """The first ``steps`` annotated steps of a torch profiler trace: the host's phases, and on a
     GPU the kernels as the device ran them (same clock), so gaps where the device waits show."""
@@ -178,9 +192,10 @@ def profile_timeline(trace, title, path, steps=2):
             rows[base].append(event)
         elif name.startswith("enumerate(DataLoader)") or "data_loader" in name.lower():
             rows["loader (next batch)"].append(event)
-    kernels = [e for e in events if e.get("cat") == "kernel" and start <= e["ts"] < end]
+    kernels = launched_kernels(events, start, end)
     if kernels:
         rows["GPU kernels"] = kernels
+        end = max(end, max(e["ts"] + e["dur"] for e in kernels))  # the device runs behind the host
     names = [name for name in rows if rows[name]]
 
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(names) + 1.4), dpi=100)

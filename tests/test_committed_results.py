@@ -31,6 +31,8 @@ EXAMPLE_COMMANDS = {
     "example_logs/large_batch/demo_bs32_test/out.log": "train.py --config=demo_bs32_test",
     "example_logs/large_batch/demo_bs32_opt/config.yaml": "train.py --config=demo_bs32_opt",
     "example_logs/large_batch/demo_bs32_opt/out.log": "train.py --config=demo_bs32_opt",
+    "example_logs/short_h100/config.yaml": "train.py --config=short --run_num=h100",
+    "example_logs/short_h100/out.log": "train.py --config=short --run_num=h100",
     "example_logs/ddp_fsdp_memory/ddp.out.log":
         "torchrun --standalone --nproc_per_node=2 train.py --config=demo --parallel=ddp --Nsamples=16 --num_epochs=1",
     "example_logs/ddp_fsdp_memory/fsdp.out.log":

@@ -45,3 +45,21 @@ def test_make_figures_installs_playwright_not_the_test_set(tmp_path):
     assert plan.returncode == 0, plan.stderr
     assert "pip install --quiet playwright" in plan.stdout and "requirements-test.txt" not in plan.stdout, plan.stdout
     assert plan.stdout.strip().splitlines()[-1].endswith("-m figures.tutorial_images")
+
+
+def test_a_gpu_timeline_shows_the_kernels_the_steps_launched_however_late_they_ran():
+    # The H100's CUDA-graph trace: two steps launch in about 2 ms, their kernels run for about 90 ms.
+    import gzip
+    import json
+
+    with gzip.open(os.path.join(ROOT, "sample_nsys_profiles", "gpu_inmem_bf16_graph.pt.trace.json.gz")) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    steps = sorted((e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("step ")),
+                   key=lambda e: e["ts"])[:2]
+    start, end = steps[0]["ts"], steps[1]["ts"] + steps[1]["dur"]
+    kernels = figures.launched_kernels(events, start, end)
+    late = max(e["ts"] + e["dur"] for e in kernels)
+    assert late - start > 20 * (end - start)  # the device runs far behind the graph launches
+    assert all(e["ts"] >= start for e in kernels)
+    # Those started within the host's window alone would miss nearly all of the graphs' kernels.
+    assert len(kernels) > 10 * len([e for e in events if e.get("cat") == "kernel" and start <= e["ts"] < end])
