@@ -107,8 +107,9 @@ PERLMUTTER = Machine("Perlmutter (4 x A100 per node)", 4, 300.0, 100.0, loader_r
 # An NVIDIA DGX H100 node (NVIDIA DGX H100 user guide): 8 H100-SXM5 (3350 GB/s of HBM3, NVIDIA H100
 # datasheet) on NVLink 4 (900 GB/s both directions: 450 GB/s each way) through NVSwitch, and 8 ConnectX-7
 # NICs of 400 Gb/s (50 GB/s) for the compute network: 400 GB/s per node; storage has its own NICs.
-# Loader: none is measured on an H100; the A100's DALI pipeline alone reached 937 samples/s (the
-# original's benchy IO trial), kept as the bound.
+# Loader: DALI is not measured on an H100 yet (this code's host loader is: 8 lowmem workers, 310 samples/s
+# in its IO trial); the A100's DALI pipeline alone reached 937 samples/s (the original's benchy IO
+# trial), kept as the bound.
 H100 = Machine("DGX H100 (8 x H100 per node)", 8, 450.0, 400.0, loader_rate=937.0,
                source="NVIDIA DGX H100 user guide (NVLink 4, 8 x ConnectX-7 400 Gb/s); H100 datasheet",
                memory_bw=3350.0, **NCCL_LATENCY)
@@ -116,12 +117,23 @@ MACHINES = {"perlmutter": PERLMUTTER, "h100": H100}
 
 # One GPU's samples/s of bs64_opt (DALI, AMP fp16, apex, JIT) at local batch 64 when it only computes:
 # the original's final synthetic --noddp curve at 32 nodes, per GPU (no communication: its points are
-# N times one GPU's). On an H100 nothing is measured: the A100's rate times the H100's memory bandwidth
-# (3350 / 1555 = 2.15x) at the low end and its dense fp16 peak (989 / 312 = 3.17x, utils/flops.py) at
-# the high end: the model's FLOPs are partly bound by one and partly by the other.
+# N times one GPU's).
 A100_RATE = CURVES["synthetic_noddp"][32] / 128
-H100_SCALE = {"memory bandwidth (2.15x)": 3350 / 1555, "fp16 peak (3.17x)": 989 / 312}
-ONE_GPU_RATE = {"perlmutter": A100_RATE, "h100": A100_RATE * min(H100_SCALE.values())}
+# On an H100, this code's own compute rate, measured: the ladder's SYNTHETIC trial of the rung with
+# bs64_opt's precision and optimiser (AMP fp16, fused Adam; its TorchScript loss changed nothing in
+# bf16), one H100 80GB HBM3, 2026-11-25, in the committed results file.
+H100_RESULTS = os.path.join(ROOT, "benchmarks", "results", "nvidia-h100-80gb-hbm3-2026-11-25.json")
+H100_RUNG = "gpu-inmem + AMP fp16 + fused Adam"
+
+
+def measured_rate(path=H100_RESULTS, rung=H100_RUNG):
+    """SYNTHETIC samples/s of ``rung`` in a ladder results file."""
+    with open(path) as f:
+        return next(run["synthetic"] for run in json.load(f)["runs"] if run["name"] == rung)
+
+
+H100_RATE = measured_rate()
+ONE_GPU_RATE = {"perlmutter": A100_RATE, "h100": H100_RATE}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -480,11 +492,11 @@ def knob_settings():
 
 def knob_table(machine_name="perlmutter", network=None):
     """Each knob's efficiency at 32 nodes as a range: over the fits the published points allow (the
-    network's share and ring step) and, on an H100, over its compute rate (bandwidth- to peak-scaled).
+    network's share and ring step), at one GPU's compute rate (ONE_GPU_RATE).
     With ``network`` (a measured Machine) the one network given. Each knob alone best first (by real
     data), then the best combination. Rows: (name, (real low, real high), (synthetic low, high))."""
     base = MACHINES[machine_name]
-    rates = [A100_RATE] if machine_name == "perlmutter" else [A100_RATE * s for s in H100_SCALE.values()]
+    rates = [ONE_GPU_RATE[machine_name]]
     machines = [network] if network else \
         [fitted_machine(*fit(r, s), base) for r, s in FIT_POINTS]
     rows = []
@@ -742,15 +754,16 @@ def report(out_dir, image=None):
                        f"one A100 computing {A100_RATE:.0f} samples/s and loading {PERLMUTTER.loader_rate:.0f}, "
                        f"{network}.\n\n" + scaling_markdown(tables["perlmutter"]) + "\n"),
         "h100": (f"# bs64_opt weak scaling on DGX H100 nodes, predicted\n\n{made} Local batch 64, 25 MB buckets, one "
-                 f"H100 computing {ONE_GPU_RATE['h100']:.0f} samples/s (the A100's {A100_RATE:.0f} x 2.15, its memory "
-                 f"bandwidth's gain; x 3.17, its fp16 peak's, would give {A100_RATE * 989 / 312:.0f}), its loader "
+                 f"H100 computing {H100_RATE:.1f} samples/s (this code's, measured: the SYNTHETIC trial of the ladder's "
+                 f"'{H100_RUNG}' rung in benchmarks/results/{os.path.basename(H100_RESULTS)}; "
+                 f"{H100_RATE / A100_RATE:.2f} times the original's A100 at {A100_RATE:.0f}), its loader "
                  f"bound at the A100's 937 samples/s, the network at Perlmutter's fitted share of its datasheet "
                  f"and ring step (an assumption).\n\n" + scaling_markdown(tables["h100"]) + "\n"),
     }
     for name, ranked in knobs.items():
         gpus = 32 * machines[name].gpus_per_node
         extra = "" if name == "perlmutter" else \
-            "; and over the H100's compute rate, its A100's scaled by memory bandwidth (2.15x) to peak (3.17x)"
+            f"; one H100 computing {H100_RATE:.1f} samples/s (measured with this code)"
         texts[f"knobs-{name}"] = (f"# The knobs at 32 nodes ({gpus} GPUs): {machines[name].name}\n\n{made} Weak-scaling "
                                   "efficiency against as many GPUs alone, in whole percent; a range where the fits "
                                   "the published points allow (the network's share from the real-data run at 8, 16 "
@@ -782,7 +795,7 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--machine", choices=sorted(MACHINES), default="perlmutter")
     parser.add_argument("--one_gpu_rate", type=float, help="one GPU's samples/s at this local batch when it only "
-                        f"computes (default: {A100_RATE:.0f}, the original's A100; on h100 that times 2.15)")
+                        f"computes (default: {A100_RATE:.0f}, the original's A100; on h100 {H100_RATE:.1f}, this code's, measured)")
     parser.add_argument("--local_batch_size", type=int, default=64)
     parser.add_argument("--grad_accum_steps", type=int, default=1)
     parser.add_argument("--bucket_cap_mb", type=float, default=25.0)

@@ -367,3 +367,15 @@ def test_the_committed_points_are_the_readers_output_of_the_original_plots():
     assert fresh == committed
     assert committed["reading_error_px"] < 2
     assert committed["comm"]["synthetic_noddp"]["32"] == pytest.approx(104545, abs=300)
+
+
+def test_the_h100_rate_is_the_measured_rung_with_bs64_opts_precision_and_optimiser():
+    # The DGX H100 tables compute at this code's measured rate, not a datasheet-scaled A100's: the
+    # committed ladder run whose precision and optimiser are bs64_opt's (AMP fp16, fused Adam).
+    with open(model.H100_RESULTS) as f:
+        report = json.load(f)
+    run = next(run for run in report["runs"] if run["name"] == model.H100_RUNG)
+    assert "NVIDIA H100" in report["device"] and run["precision"] == "fp16"
+    assert "--enable_fused" in run["options"] and "--data_loader_config=gpu-inmem" in run["options"]
+    assert model.ONE_GPU_RATE["h100"] == run["synthetic"] > model.A100_RATE
+    assert f"{run['synthetic']:.1f} samples/s" in open(os.path.join(ROOT, "docs", "05-scaling-model.md")).read()
