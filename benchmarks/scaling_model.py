@@ -31,8 +31,10 @@ Two terms are fitted to the original's final curves (NERSC/sc22-dl-tutorial comm
 its plots by benchmarks/read_scaling_plots.py into benchmarks/sc22_scaling_points.json): the share of
 Slingshot's bandwidth the all-reduce reached, to the real-data run at 32 nodes, and the cost of one
 ring step across the network, to the synthetic run at 32 nodes. Two published points are inputs: one
-GPU's compute (the synthetic --noddp run) and one GPU's loader (the loader-alone ideal line). Every
-other published point is predicted; ``--check`` lists them.
+GPU's compute (the synthetic --noddp run) and one GPU's loader (the loader-alone ideal line); so is
+one measurement of this code: the share of a step's compute paid once per step whatever the batch
+(PER_STEP_SHARE, from one H100's ladder at batch 64 and 8), which sets the compute at other local
+batches. Every other published point is predicted; ``--check`` lists them.
 """
 import argparse
 import dataclasses
@@ -133,6 +135,34 @@ def measured_rate(path=H100_RESULTS, rung=H100_RUNG):
 
 
 H100_RATE = measured_rate()
+
+# A step's compute is a cost per sample plus a cost per step that does not shrink with the batch (kernel
+# launches, the deepest layers' grids too small to fill the GPU). Their split, measured with this code on
+# the same H100: SYNTHETIC (compute alone) in bf16 with fused Adam at batch 64 and at batch 8, two rungs
+# of the same ladder run; two points give both costs. The model assumes the same split on any GPU: a rate
+# known at RATE_BATCH gives the compute at another local batch.
+RATE_BATCH = 64
+PER_STEP_RUNGS = ("+ fused Adam (bf16)", "batch 8: gpu-inmem bf16 fused")
+
+
+def per_step_share(path=H100_RESULTS, rungs=PER_STEP_RUNGS, batches=(64, 8)):
+    """The share of a batch-``batches[0]`` step's compute that is paid once per step, from two ladder rungs."""
+    (big, small), (rate_big, rate_small) = batches, [measured_rate(path, rung) for rung in rungs]
+    t_big, t_small = big / rate_big, small / rate_small
+    per_sample = (t_big - t_small) / (big - small)
+    return (t_small - small * per_sample) / t_big
+
+
+PER_STEP_SHARE = per_step_share()
+
+
+def compute_time(local_batch, one_gpu_rate, rate_batch=None):
+    """Seconds of compute for ``local_batch`` samples on one GPU computing ``one_gpu_rate`` samples/s at
+    local batch ``rate_batch`` (None: at every batch, all of it per sample)."""
+    if rate_batch is None:
+        return local_batch / one_gpu_rate
+    at_rate_batch = rate_batch / one_gpu_rate
+    return at_rate_batch * (PER_STEP_SHARE + (1 - PER_STEP_SHARE) * local_batch / rate_batch)
 ONE_GPU_RATE = {"perlmutter": A100_RATE, "h100": H100_RATE}
 
 
@@ -293,8 +323,9 @@ class Step:
 
 
 def step_time(machine, gpus, local_batch, one_gpu_rate, network=None, bucket_cap_mb=25.0, first_bucket_mb=1.0,
-              ddp_comm_hook="none", broadcast_buffers=True, parallel="ddp", grad_accum_steps=1):
-    """One optimiser step on ``gpus`` GPUs, at ``one_gpu_rate`` samples/s per GPU when it only computes.
+              ddp_comm_hook="none", broadcast_buffers=True, parallel="ddp", grad_accum_steps=1, rate_batch=None):
+    """One optimiser step on ``gpus`` GPUs, at ``one_gpu_rate`` samples/s per GPU when it only computes
+    (at local batch ``rate_batch``; None: at any batch, see compute_time).
 
     DDP: each bucket's all-reduce starts when its last gradient is ready (forward, then that share of
     the backward) and the bucket before it is done; what runs past the end of the backward pass is
@@ -306,7 +337,7 @@ def step_time(machine, gpus, local_batch, one_gpu_rate, network=None, bucket_cap
     gradient once it is ready; an all-gather and a reduce-scatter each cost half an all-reduce.
     """
     network = network or unet()
-    micro = local_batch / one_gpu_rate
+    micro = compute_time(local_batch, one_gpu_rate, rate_batch)
     before = (grad_accum_steps - 1) * micro  # the micro-batches whose backward passes skip the all-reduce
     compute = before + micro
     forward = before + micro * network.forward_share
@@ -369,7 +400,7 @@ def curve_model(curve, nodes, machine, rate=A100_RATE, local_batch=64):
         return gpus * machine.loader_rate
     if curve == "real_noddp":
         return gpus * min(rate, machine.loader_rate)
-    step = step_time(machine, gpus, local_batch, rate)
+    step = step_time(machine, gpus, local_batch, rate, rate_batch=RATE_BATCH)
     return step.synthetic_samples_per_s if curve == "synthetic" else step.samples_per_s
 
 
@@ -439,7 +470,8 @@ def check_rows(share=None, hop=None):
     add("comm_overhead_real (README text)", 32, TEXT["comm_overhead_real"],
         1 - real[32] / curve_model("real_noddp", 32, machine), ratio=True, reading=0.005)
     for gpus, value in ROWS_16.items():
-        step = step_time(machine, gpus, 16, A100_RATE, bucket_cap_mb=100, broadcast_buffers=False)
+        step = step_time(machine, gpus, 16, A100_RATE, bucket_cap_mb=100, broadcast_buffers=False,
+                         rate_batch=RATE_BATCH)
         add(f"{gpus}_gpus_local_batch_16", gpus // 4, value, step.samples_per_s, reading=0.0)
     return rows
 
@@ -465,8 +497,8 @@ def knob_efficiency(machine, one_gpu_rate, knob, nodes=32):
     batch = knob.get("local_batch", 64)
     options = {key: value for key, value in knob.items() if key != "local_batch"}
     gpus = nodes * machine.gpus_per_node
-    many = step_time(machine, gpus, batch, one_gpu_rate, first_bucket_mb=1.0, **options)
-    one = step_time(machine, 1, batch, one_gpu_rate)
+    many = step_time(machine, gpus, batch, one_gpu_rate, first_bucket_mb=1.0, rate_batch=RATE_BATCH, **options)
+    one = step_time(machine, 1, batch, one_gpu_rate, rate_batch=RATE_BATCH)
     return many.samples_per_s / (gpus * one.samples_per_s), \
         many.synthetic_samples_per_s / (gpus * one.synthetic_samples_per_s)
 
@@ -510,13 +542,14 @@ def knob_table(machine_name="perlmutter", network=None):
     return singles + combined[:1]
 
 
-def scaling_table(machine, local_batch, one_gpu_rate, counts=GPU_COUNTS, **options):
+def scaling_table(machine, local_batch, one_gpu_rate, counts=GPU_COUNTS, rate_batch=RATE_BATCH, **options):
     """One row per GPU count: weak scaling (``local_batch`` per GPU), with real data (the loader's bound)
-    and with synthetic data, each against that many GPUs alone."""
+    and with synthetic data, each against that many GPUs alone; ``one_gpu_rate`` at local batch
+    ``rate_batch``."""
     rows = []
-    alone = step_time(machine, 1, local_batch, one_gpu_rate, **options)
+    alone = step_time(machine, 1, local_batch, one_gpu_rate, rate_batch=rate_batch, **options)
     for gpus in counts:
-        weak = step_time(machine, gpus, local_batch, one_gpu_rate, **options)
+        weak = step_time(machine, gpus, local_batch, one_gpu_rate, rate_batch=rate_batch, **options)
         rows.append({"gpus": gpus, "nodes": math.ceil(gpus / machine.gpus_per_node), "buckets": weak.buckets,
                      "compute_ms": 1e3 * weak.compute, "ddp_gpu_ms": 1e3 * weak.ddp_gpu,
                      "exposed_ms": 1e3 * weak.exposed, "loader_ms": 1e3 * weak.loader,
@@ -841,7 +874,9 @@ def main(argv=None):
     options = {"bucket_cap_mb": args.bucket_cap_mb, "first_bucket_mb": args.first_bucket_mb,
                "ddp_comm_hook": args.ddp_comm_hook, "broadcast_buffers": not args.disable_broadcast_buffers,
                "parallel": args.parallel, "grad_accum_steps": args.grad_accum_steps}
-    rows = scaling_table(machine, args.local_batch_size, rate, **options)
+    # A rate given on the command line is at this local batch; the default ones are at RATE_BATCH.
+    rate_batch = args.local_batch_size if args.one_gpu_rate else RATE_BATCH
+    rows = scaling_table(machine, args.local_batch_size, rate, rate_batch=rate_batch, **options)
     network = f"the network at {percent(share)} of its datasheet bandwidth" if share is not None else \
         f"the network measured ({machine.source})"
     print(f"{machine.name}: one GPU computing {rate:.0f} samples/s, {network}; local batch {args.local_batch_size}, "
