@@ -124,7 +124,8 @@ A100_RATE = CURVES["synthetic_noddp"][32] / 128
 # On an H100, this code's own compute rate, measured: the ladder's SYNTHETIC trial of the rung with
 # bs64_opt's precision and optimiser (AMP fp16, fused Adam; its TorchScript loss changed nothing in
 # bf16), one H100 80GB HBM3, 2026-11-25, in the committed results file.
-H100_RESULTS = os.path.join(ROOT, "benchmarks", "results", "nvidia-h100-80gb-hbm3-2026-11-25.json")
+H100_RESULTS = os.path.join(os.path.dirname(os.path.realpath(__file__)), "results",  # beside this file
+                            "nvidia-h100-80gb-hbm3-2026-11-25.json")
 H100_RUNG = "gpu-inmem + AMP fp16 + fused Adam"
 
 

@@ -773,8 +773,10 @@ def test_scaling_model_prose_is_that_of_its_report():
     assert f"the loader's {1e3 * 64 / machine.loader_rate:.0f} ms plus the {1e3 * busy:.0f} ms" in text
     assert f"{model.CURVES['real'][32]:.0f} / {model.CURVES['loader_ideal'][32]:.0f} = " \
            f"{100 * model.CURVES['real'][32] / model.CURVES['loader_ideal'][32]:.1f}%" in text
-    for key in (("synthetic", 16), ("4_gpus_local_batch_16", 1)):
-        assert f"({100 * rows[key]['error']:+.1f}%)" in text, key
+    assert f"({100 * rows[('synthetic', 16)]['error']:+.1f}%)" in text
+    four, eight = rows[("4_gpus_local_batch_16", 1)]["error"], rows[("8_gpus_local_batch_16", 2)]["error"]
+    assert f"(4 GPUs {100 * four:+.1f}%, 8 GPUs {100 * eight:+.1f}%)" in text
+    assert f"({100 * model.PER_STEP_SHARE:.1f}% of a batch-64 step's compute is paid once per step" in text
     overhead = [100 * rows[("comm_overhead_synthetic", n)]["published"] for n in (8, 16)]
     assert f"from {overhead[0]:.1f}% to {overhead[1]:.1f}% between 8 and 16 nodes" in text
     one_node = next(r for r in report["tables"]["perlmutter"] if r["gpus"] == 4)
