@@ -32,6 +32,7 @@ import io
 import json
 import os
 import sys
+import textwrap
 
 import numpy as np
 
@@ -124,8 +125,9 @@ def ladder_chart(report, path):
     """Samples/s of FULL, SYNTHETIC and IO trials for each rung of one benchmark result (log scale:
     on a GPU the loader alone can be many times faster than training)."""
     plt = pyplot()
-    runs = [run for run in report["runs"] if "error" not in run]
-    fig, ax = plt.subplots(figsize=(8, 1.6 + 0.55 * len(runs)), dpi=100)
+    # The ladder's order (a run's "step"), top to bottom, whatever order the tool measured them in.
+    runs = sorted((run for run in report["runs"] if "error" not in run), key=lambda run: run.get("step", 0))
+    fig, ax = plt.subplots(figsize=(8, 1.9 + 0.55 * len(runs)), dpi=100)
     rows = np.arange(len(runs))[::-1]
     height = 0.27
     for offset, (key, label) in zip((height, 0, -height), (("full", "FULL (training)"),
@@ -143,7 +145,8 @@ def ladder_chart(report, path):
     ax.set_yticks(rows, [run["name"] for run in runs], fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("samples/s")
-    ax.set_title(f"{report['device']}, {report['date'][:10]}\n{report['command']}", fontsize=9)
+    command = "\n".join(textwrap.wrap(report["command"], 110))
+    ax.set_title(f"{report['device']}, {report['date'][:10]}\n{command}", fontsize=8)
     largest = max((run[key] or 0 for run in runs for key in ("full", "synthetic", "io")), default=1)
     ax.set_xlim(right=largest * 2.5)  # room for the value labels
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16 - 0.6 / (1 + len(runs))), ncol=3)
