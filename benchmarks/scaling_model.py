@@ -148,8 +148,8 @@ PER_STEP_RUNGS = ("+ fused Adam (bf16)", "batch 8: gpu-inmem bf16 fused")
 
 def per_step_share(path=H100_RESULTS, rungs=PER_STEP_RUNGS, batches=(64, 8)):
     """The share of a batch-``batches[0]`` step's compute that is paid once per step, from two ladder rungs."""
-    (big, small), (rate_big, rate_small) = batches, [measured_rate(path, rung) for rung in rungs]
-    t_big, t_small = big / rate_big, small / rate_small
+    big, small = batches
+    t_big, t_small = (batch / measured_rate(path, rung) for batch, rung in zip(batches, rungs))  # s per step
     per_sample = (t_big - t_small) / (big - small)
     return (t_small - small * per_sample) / t_big
 
@@ -164,6 +164,8 @@ def compute_time(local_batch, one_gpu_rate, rate_batch=None):
         return local_batch / one_gpu_rate
     at_rate_batch = rate_batch / one_gpu_rate
     return at_rate_batch * (PER_STEP_SHARE + (1 - PER_STEP_SHARE) * local_batch / rate_batch)
+
+
 ONE_GPU_RATE = {"perlmutter": A100_RATE, "h100": H100_RATE}
 
 
