@@ -7,28 +7,34 @@ train.py turns ``cudnn.benchmark`` on (off with --deterministic): at the first c
 convolution with a new input shape, layout and dtype, cuDNN times every algorithm it has for it
 (forward, and the backward's data and weight gradients) and keeps the fastest; later calls with that
 key use it. This script trains a few steps of the U-Net, timing each step on its own (a host
-synchronisation after every step, which train.py does not make), in five phases run in this order:
+synchronisation after every step, which train.py does not make), in five phases:
 
-    off                 benchmark off: cuDNN's heuristics pick the algorithms (step 1 also pays CUDA's
-                        lazy initialisation, which the phases after it no longer pay)
+    off                 benchmark off: cuDNN's heuristics pick the algorithms
     on                  benchmark on, the same shape: step 1 searches, the steps after it do not
     partial batch       a new batch size (a last partial batch, as --drop_last=false would make): a search
     on again            back to the first shape: its algorithms are cached, no search
     channels_last       a new memory layout: a search again
 
-and prints, per phase, the first step's time, the median of the others, the first step's excess
-over them (the search) and the peak memory of the first step and of the others (the search's
-workspace shows in the first). On a machine without CUDA it prints one line and exits 0: cuDNN is a
-GPU library, there is nothing to measure. A few steps per phase keep it within about a minute on an
-H100 at batch 64 and 64^3 crops.
+PyTorch caches the algorithm of each shape, layout and dtype the first time it runs, whichever
+chose it, and does not search again when benchmark mode is switched on later: ``off`` therefore runs
+in a process of its own, and the four others in a second one, in the order above. Each process
+first trains one step at a small shape of its own, which pays CUDA's and cuDNN's lazy initialisation,
+so that a phase's first step holds the search alone. It prints, per phase, the first step's time,
+the median of the others, the first step's excess over them (the search) and the peak memory of the
+first step and of the others (the search's workspace shows in the first). On a machine without
+CUDA it prints one line and exits 0: cuDNN is a GPU library, there is nothing to measure. A few
+steps per phase keep it within about a minute and a half on an H100 at batch 64 and 64^3 crops.
 """
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import time
 
 import torch
 
+from benchmarks.common import ROOT
 from utils.errors import UserError, exit_on_user_error
 
 PHASES = (  # (label, cudnn.benchmark, batch: "full" or "partial", channels_last)
@@ -39,6 +45,11 @@ PHASES = (  # (label, cudnn.benchmark, batch: "full" or "partial", channels_last
     ("channels_last", True, "full", True),
 )
 
+# The phases each process runs, in order: cuDNN's choice for a shape is cached by the first phase that
+# runs it, so the heuristics' phase cannot share a process with the autotuner's.
+PROCESSES = (("heuristics", ("off",)), ("autotuner", ("on", "partial batch", "on again", "channels_last")))
+RESULT_PREFIX = "cudnn_autotune results: "
+
 
 def partial_batch(batch):
     """A batch size the full one never is, as the last batch of an epoch whose samples do not divide
@@ -46,10 +57,23 @@ def partial_batch(batch):
     return (batch + 1) // 2
 
 
-def plan(batch, crop, steps):
-    """Each phase's (label, benchmark, input shape, channels_last, steps)."""
+def plan(batch, crop, steps, labels=None):
+    """Each phase's (label, benchmark, input shape, channels_last, steps): those named in ``labels``
+    (default all), in the order of PHASES."""
     return [(label, benchmark, (batch if size == "full" else partial_batch(batch), 4, crop, crop, crop),
-             channels_last, steps) for label, benchmark, size, channels_last in PHASES]
+             channels_last, steps) for label, benchmark, size, channels_last in PHASES
+            if labels is None or label in labels]
+
+
+def warm_up(step, crop, device):
+    """One step at a shape no phase uses (batch 1, half the crop), benchmark off: it pays CUDA's and
+    cuDNN's lazy initialisation and caches nothing a phase will look up."""
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
+    try:
+        time_steps(step, (1, 4, crop // 2, crop // 2, crop // 2), False, 1, device)
+    finally:
+        torch.backends.cudnn.benchmark = before
 
 
 def time_steps(step, shape, channels_last, steps, device):
@@ -120,11 +144,24 @@ def build_step(argv, device):
     return params, model, step
 
 
+def run_process(name, options):
+    """One of PROCESSES in a fresh Python process: its phases' results."""
+    command = [sys.executable, "-m", "benchmarks.cudnn_autotune", f"--process={name}", *options]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    lines = [line for line in result.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if result.returncode != 0 or len(lines) != 1:
+        sys.stderr.write(result.stdout + result.stderr)
+        raise SystemExit(f"cudnn_autotune: the {name} process failed (exit status {result.returncode}); its "
+                         "output is above.")
+    return json.loads(lines[0][len(RESULT_PREFIX):])
+
+
 @exit_on_user_error
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=False)
     parser.add_argument("--steps", type=int, default=4, help="steps a phase (the first, and the rest)")
+    parser.add_argument("--process", choices=[name for name, _ in PROCESSES], help=argparse.SUPPRESS)
     parser.add_argument("-h", "--help", action="store_true")
     args, overrides = parser.parse_known_args(argv)
     if args.help:
@@ -139,14 +176,25 @@ def main(argv=None):
     device = torch.device("cuda")
     if args.steps < 2:
         raise UserError(f"--steps={args.steps}: each phase needs at least 2 steps, the first and one to compare it with.")
-    params, model, step = build_step(["--config=short", "--amp_mode=bf16", "--local_batch_size=64",
-                                      "--crop_size=64", "--device=cuda", *overrides], device)
+    from utils.YParams import load_params
+
+    options = ["--config=short", "--amp_mode=bf16", "--local_batch_size=64", "--crop_size=64", "--device=cuda",
+               *overrides]
+    params = load_params(options)
     if params.local_batch_size < 2:
         raise UserError("--local_batch_size=1 has no smaller last batch to show the search again with: use 2 or more.")
+    if args.process:  # one of the two processes: its phases, after a warm-up step
+        params, model, step = build_step(options, device)
+        warm_up(step, params.crop_size, device)
+        results = run(plan(params.local_batch_size, params.crop_size, args.steps, dict(PROCESSES)[args.process]),
+                      step, model, device)
+        print(RESULT_PREFIX + json.dumps(results), flush=True)
+        return results
     start = time.perf_counter()
-    results = run(plan(params.local_batch_size, params.crop_size, args.steps), step, model, device)
+    results = [result for name, _ in PROCESSES for result in run_process(name, [f"--steps={args.steps}", *overrides])]
     print(f"cuDNN {torch.backends.cudnn.version()}, {torch.cuda.get_device_name(device)}, config {params.config}, "
-          f"amp_mode {params.amp_mode}; {args.steps} steps a phase, {time.perf_counter() - start:.1f} s in all")
+          f"amp_mode {params.amp_mode}; {args.steps} steps a phase, {len(PROCESSES)} processes, "
+          f"{time.perf_counter() - start:.1f} s in all")
     print(markdown(results))
     return results
 

@@ -12,7 +12,8 @@
 #   benchmarks/gpu_suite.sh tests-gpu         the GPU-only tests (-m gpu) but torch.compile's and DALI's
 #   benchmarks/gpu_suite.sh tests-compile     the GPU-only tests of torch.compile (CUDA graphs included)
 #   benchmarks/gpu_suite.sh scaling           python -m benchmarks.scaling: weak scaling over this node's GPUs
-#   benchmarks/gpu_suite.sh dali              the ladder's DALI and host-loader rungs and DALI's GPU tests
+#   benchmarks/gpu_suite.sh dali              DALI's GPU tests, its profile, the ladder's DALI and host-loader
+#                                             rungs (LOADERS_ONLY=DALI: its rung alone)
 #   benchmarks/gpu_suite.sh multi-gpu         DDP, FSDP, domain [2,1,1] and the CUDA-graph step under DDP,
 #                                             over NCCL (two GPUs or more)
 #   benchmarks/gpu_suite.sh ladder profiles   several stages, one after the other
@@ -63,7 +64,7 @@ export PYTHONUNBUFFERED=1
 # Seconds per stage and per step: priced by benchmarks/suite_plan.py (--plan shows both; a test keeps
 # these equal to its figures).
 declare -A BUDGET=([preflight]=60 [ladder]=380 [profiles]=220 [tests-gpu]=280 [tests-compile]=170 [scaling]=110
-                   [dali]=270 [multi-gpu]=210)
+                   [dali]=380 [multi-gpu]=210)
 STAGES="preflight ladder profiles tests-gpu tests-compile scaling dali multi-gpu"
 
 # The tools' sizes: the GPU's, or, with CPU_CHECK=1, the CPU presets' at their smallest (the same code path).
@@ -78,6 +79,9 @@ else
     LADDER_SIZES=(--nbatches 6 --ntrials 2 --nwarmup 1)
     PROFILE_ONLY=() LAYERS_SIZES=() SCALING_SIZES=() LOADER_ONLY=()
 fi
+# The loaders' rungs whose names hold this text (the ladder's --only), e.g. DALI where the host loaders'
+# rungs were measured by an earlier command.
+[ -n "${LOADERS_ONLY:-}" ] && LOADER_ONLY=(--only "$LOADERS_ONLY")
 
 note() { echo "gpu_suite.sh: $*"; }
 
@@ -264,11 +268,16 @@ stage_scaling() {
 stage_dali() {
     # Run in the command that installs DALI (its wheels gather on the machine over several commands):
     # DALI's GPU tests first (30 s; on one H100 the host loaders' rungs alone took 234 s of the budget),
-    # then the ladder's DALI rung (where DALI imports) and the host loaders' rungs.
-    local status=0
-    "$PYTHON" -c 'import nvidia.dali' 2>/dev/null || note "DALI does not import here: its rung and tests skip"
+    # then its profile (the profiles stage has no DALI), then the ladder's DALI rung (where DALI imports)
+    # and the host loaders' rungs.
+    local status=0 dali=1
+    "$PYTHON" -c 'import nvidia.dali' 2>/dev/null || { dali=; note "DALI does not import here: its rung, profile and tests skip"; }
     step tests-dali 30 "$PYTHON" "${PYTEST[@]}" -m gpu -k dali --junitxml="$RESULTS/gpu_suite-tests-dali.xml" \
         || status=1
+    if [ -n "$dali" ]; then
+        step profile-dali 50 "$PYTHON" -m benchmarks.profiles --preset "$PRESET" --data_dir "$DATA_DIR" --only dali \
+            --timeout 120 --out_dir "$RESULTS/profiles-dali" --overwrite || status=1
+    fi
     step loaders 200 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group loaders --data_dir "$DATA_DIR" \
         --out_dir "$RESULTS/loaders" --overwrite "${LADDER_SIZES[@]}" "${LOADER_ONLY[@]}" || status=1
     return $status

@@ -110,6 +110,11 @@ CPU_RUNGS = [
 ]
 
 
+def dali_importable():
+    """Whether ``nvidia.dali`` can be found here, without importing it."""
+    return importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
+
+
 def rungs_for(preset, dali=None, group="all"):
     """The preset's rungs in the order they are measured (DALI's when it is importable); ``group``
     ``gpu`` or ``loaders`` keeps those of the GPU-resident loader, or the others (on a CPU: the
@@ -118,7 +123,7 @@ def rungs_for(preset, dali=None, group="all"):
         rungs = CPU_RUNGS
     else:
         if dali is None:
-            dali = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
+            dali = dali_importable()
         rungs = GPU_RUNGS + (DALI_RUNGS if dali else []) + HOST_LOADER_RUNGS
     if group == "all":
         return rungs

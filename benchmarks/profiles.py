@@ -56,6 +56,9 @@ GPU_RUNGS = [
     ("gpu_inmem_bf16_graph", "+ the whole step in a CUDA graph", "train_graph.py",
      ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--graph_warmup_steps=5"]),
 ]
+# Where DALI imports (benchmarks/ladder.py's DALI rung: its reader on the host, crops and rotations on the GPU).
+DALI_RUNG = ("dali_bf16_fused", "the DALI loader (GPU augmentation), bf16 + fused Adam", "train.py",
+             ["--data_loader_config=dali-lowmem", "--num_data_workers=8", "--amp_mode=bf16", "--enable_fused"])
 CPU_RUNGS = [
     ("baseline", "lowmem loader, 2 workers", "train.py", ["--data_loader_config=lowmem", "--num_data_workers=2"]),
     ("gpu_inmem", "the GPU-resident loader on CPU tensors", "train.py", ["--data_loader_config=gpu-inmem"]),
@@ -71,7 +74,7 @@ PRESETS = {
 def written_here(name):
     """Whether a file of the output folder is one that this tool writes: --overwrite removes those
     first, so that an earlier run's trace or report cannot pass for this run's."""
-    slugs = {rung[0] for rung in GPU_RUNGS + CPU_RUNGS}
+    slugs = {rung[0] for rung in GPU_RUNGS + [DALI_RUNG] + CPU_RUNGS}
     suffixes = (".log", "_nsys.log", ".pt.trace.json.gz", ".nsys-rep", ".qdstrm")
     return name in ("profiles.json", "README.md") or any(name == slug + suffix for slug in slugs for suffix in suffixes)
 
@@ -252,6 +255,22 @@ def profile_rung(rung, preset, args, common, work_dir, device, nsys=None, nsys_e
     return entry
 
 
+def ladder_dali():
+    """Whether DALI imports here (the ladder's test, which imports nothing)."""
+    from benchmarks.ladder import dali_importable
+
+    return dali_importable()
+
+
+def gpu_rungs(dali):
+    """The GPU preset's rungs: the DALI rung last, where DALI imports; where it does not, a line says so."""
+    if dali:
+        return GPU_RUNGS + [DALI_RUNG]
+    print(f"{DALI_RUNG[0]}: not profiled, DALI does not import here (its wheels: ../shared/gpu/pack-wheels.sh)",
+          flush=True)
+    return list(GPU_RUNGS)
+
+
 # ----------------------------------------------------------------------------- the folder's README
 
 README_HEAD = """# {title}
@@ -331,7 +350,8 @@ def main(argv=None):
     args.out_dir = args.out_dir or free_name(os.path.join(beside, dated), args, holds_files)
     check_preset(args.preset)
     claim_folder(args.out_dir, args.overwrite, written_here)  # before anything is made, removed or run
-    rungs = [rung for rung in (GPU_RUNGS if args.preset == "gpu" else CPU_RUNGS) if args.only in rung[0]]
+    rungs = [rung for rung in gpu_rungs(ladder_dali()) if args.only in rung[0]] if args.preset == "gpu" else \
+        [rung for rung in CPU_RUNGS if args.only in rung[0]]
     name = device_name(args.preset == "gpu")
     train_path, val_path = make_data(args.data_dir, preset["box"])
     common = [*preset["options"], f"--train_path={train_path}", f"--val_path={val_path}"]

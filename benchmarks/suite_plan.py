@@ -203,7 +203,8 @@ def steps():
         "tests-compile": [("tests-compile", COMPILE_TESTS)],
         "scaling": [("scaling", scaling_rows(1))],
         # DALI's tests first: 30 s of correctness, where the loaders' rungs can run into the budget.
-        "dali": [("tests-dali", DALI_TESTS), ("loaders", ladder_rows("loaders"))],
+        "dali": [("tests-dali", DALI_TESTS), ("profile-dali", [("profile dali_bf16_fused (where DALI imports)", 45)]),
+                 ("loaders", ladder_rows("loaders"))],
         "multi-gpu": [("data", [("the 256^3 data set", SETUP_S["data"])])]
         + [(name, [(what, 2 * TEST_RUN)]) for name, what in MULTI_GPU_RUNS],
     }

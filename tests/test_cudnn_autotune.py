@@ -29,6 +29,31 @@ def test_the_plan_retriggers_on_a_new_shape_and_layout_only():
     assert len(set(keys)) == 3 and all(steps == 4 for *_, steps in phases)
 
 
+def test_the_heuristics_phase_has_a_process_of_its_own():
+    # PyTorch keeps the algorithm of a shape from the first time it runs, whichever chose it: "on" after
+    # "off" at the same shape would reuse the heuristics' choice and search nothing.
+    processes = dict(cudnn_autotune.PROCESSES)
+    assert sorted(label for labels in processes.values() for label in labels) == \
+        sorted(label for label, *_ in cudnn_autotune.PHASES)
+    heuristics = cudnn_autotune.plan(64, 64, 4, processes["heuristics"])
+    autotuner = cudnn_autotune.plan(64, 64, 4, processes["autotuner"])
+    assert [benchmark for _, benchmark, *_ in heuristics] == [False]
+    assert all(benchmark for _, benchmark, *_ in autotuner) and autotuner[0][0] == "on"
+    assert heuristics[0][2:4] == autotuner[0][2:4]  # the same shape and layout, each fresh in its process
+
+
+def test_the_warm_up_step_uses_a_shape_no_phase_uses():
+    seen = []
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    cudnn_autotune.warm_up(lambda inputs, targets: seen.append((torch.backends.cudnn.benchmark, tuple(inputs.shape))),
+                           64, torch.device("cpu"))
+    assert torch.backends.cudnn.benchmark is True
+    torch.backends.cudnn.benchmark = before
+    assert seen == [(False, (1, 4, 32, 32, 32))]
+    assert all(shape != seen[0][1] for _, _, shape, *_ in cudnn_autotune.plan(64, 64, 4))
+
+
 def test_the_phases_run_train_py_s_step_with_each_setting():
     device = torch.device("cpu")
     params, model, step = cudnn_autotune.build_step(
