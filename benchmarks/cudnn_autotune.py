@@ -66,12 +66,12 @@ def plan(batch, crop, steps, labels=None):
 
 
 def warm_up(step, crop, device):
-    """One step at a shape no phase uses (batch 1, half the crop), benchmark off: it pays CUDA's and
+    """One step at a shape no phase uses (batch 1), benchmark off: it pays CUDA's and
     cuDNN's lazy initialisation and caches nothing a phase will look up."""
     before = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = False
     try:
-        time_steps(step, (1, 4, crop // 2, crop // 2, crop // 2), False, 1, device)
+        time_steps(step, (1, 4, crop, crop, crop), False, 1, device)
     finally:
         torch.backends.cudnn.benchmark = before
 
