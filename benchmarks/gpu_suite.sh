@@ -272,7 +272,7 @@ stage_dali() {
     # and the host loaders' rungs.
     local status=0 dali=1
     "$PYTHON" -c 'import nvidia.dali' 2>/dev/null || { dali=; note "DALI does not import here: its rung, profile and tests skip"; }
-    step tests-dali 30 "$PYTHON" "${PYTEST[@]}" -m gpu -k dali --junitxml="$RESULTS/gpu_suite-tests-dali.xml" \
+    step tests-dali 30 "$PYTHON" "${PYTEST[@]}" -m gpu -k dali --junitxml="$RESULTS/gpu_suite-dali.xml" \
         || status=1
     if [ -n "$dali" ]; then
         step profile-dali 50 "$PYTHON" -m benchmarks.profiles --preset "$PRESET" --data_dir "$DATA_DIR" --only dali \

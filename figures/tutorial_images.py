@@ -19,7 +19,7 @@
   ``benchmarks/scaling_model.py`` predicts them.
 - ``domain_halo.png``: the blocks of a crop split over ``--domain_mesh=[2,2,1]`` and one rank's halo,
   drawn from the code's own block arithmetic (``utils/distributed.py``) and halo width (``utils/halo.py``).
-- ``profile_<folder>_<rung>.png``: a timeline of two steps of each committed torch profiler trace,
+- ``profile_<folder>_<rung>.png`` (``<folder>``: :func:`profile_tag`): a timeline of two steps of each committed torch profiler trace,
   listed in ``profiles.json`` of ``sample_nsys_profiles/`` and ``example_logs/cpu_profiles/``
   (written by ``python -m benchmarks.profiles``).
 
@@ -216,14 +216,25 @@ def profile_timeline(trace, title, path, steps=2):
     plt.close(fig)
 
 
+def profile_tag(folder):
+    """The images' name for a folder of profiles: its path in the repository, folders joined by "_" and
+    example_logs/ left out (sample_nsys_profiles/dali -> sample_nsys_profiles_dali, example_logs/cpu_profiles
+    -> cpu_profiles); a folder outside the repository, its own name."""
+    relative = os.path.relpath(os.path.abspath(folder), ROOT)
+    if relative.startswith(os.pardir):
+        return os.path.basename(os.path.normpath(folder))
+    parts = relative.split(os.sep)
+    return "_".join(parts[1:] if parts[0] == "example_logs" and len(parts) > 1 else parts)
+
+
 def profile_figures(folder, out_dir):
     """A timeline for each trace listed in ``folder``/profiles.json; returns the images written."""
+    tag = profile_tag(folder)
     index_path = os.path.join(folder, "profiles.json")
     if not os.path.exists(index_path):
         return []
     with open(index_path) as f:
         index = json.load(f)
-    tag = os.path.basename(os.path.normpath(folder))
     written = []
     for entry in index["profiles"]:
         if "file" not in entry:
@@ -309,6 +320,7 @@ def main(argv=None):
     parser.add_argument("--results", default=os.path.join(ROOT, "benchmarks", "results"),
                         help="folder of benchmark results (*.json from benchmarks.ladder)")
     parser.add_argument("--profiles", nargs="*", default=[os.path.join(ROOT, "sample_nsys_profiles"),
+                                                          os.path.join(ROOT, "sample_nsys_profiles", "dali"),
                                                           os.path.join(ROOT, "example_logs", "cpu_profiles")],
                         help="folders with a profiles.json (from benchmarks.profiles)")
     parser.add_argument("--no_browser", action="store_true", help="skip the TensorBoard screenshot")

@@ -120,3 +120,11 @@ def test_nsys_and_its_importer_together_end_within_the_limit(tmp_path):
     assert time.monotonic() - started < 10  # 7 s and the ends of the processes: not 5 s of nsys + 7 of the importer
     assert "wrote a .qdstrm capture but no .nsys-rep report (QdstrmImporter failed)" in result["error"]
     assert "timed out" in result["error"]
+
+
+def test_the_dali_rung_is_profiled_where_dali_imports_and_said_not_to_be_elsewhere(capsys):
+    assert profiles.gpu_rungs(True) == profiles.GPU_RUNGS + [profiles.DALI_RUNG]
+    assert "dali-lowmem" in " ".join(profiles.DALI_RUNG[3]) and profiles.written_here("dali_bf16_fused.log")
+    capsys.readouterr()
+    assert profiles.gpu_rungs(False) == profiles.GPU_RUNGS
+    assert capsys.readouterr().out.startswith("dali_bf16_fused: not profiled, DALI does not import here")

@@ -63,3 +63,10 @@ def test_a_gpu_timeline_shows_the_kernels_the_steps_launched_however_late_they_r
     assert all(e["ts"] >= start for e in kernels)
     # Those started within the host's window alone would miss nearly all of the graphs' kernels.
     assert len(kernels) > 10 * len([e for e in events if e.get("cat") == "kernel" and start <= e["ts"] < end])
+
+
+def test_profile_images_are_named_by_their_folder_in_the_repository():
+    assert figures.profile_tag(os.path.join(ROOT, "sample_nsys_profiles")) == "sample_nsys_profiles"
+    assert figures.profile_tag(os.path.join(ROOT, "sample_nsys_profiles", "dali")) == "sample_nsys_profiles_dali"
+    assert figures.profile_tag(os.path.join(ROOT, "example_logs", "cpu_profiles")) == "cpu_profiles"
+    assert figures.profile_tag(os.path.join(os.path.dirname(ROOT), "elsewhere", "traces")) == "traces"
