@@ -166,6 +166,38 @@ def make_data(data_dir, box):
     return train_path, os.path.join(data_dir, "synthetic_valid.h5")
 
 
+def nvidia_driver():
+    """The NVIDIA driver's version ("580.159.04"), from nvidia-smi; None where there is none."""
+    try:
+        result = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = result.stdout.split()
+    return lines[0] if result.returncode == 0 and lines else None
+
+
+def software():
+    """What a result depends on besides the device: torch, CUDA, cuDNN (its integer) and the NVIDIA
+    driver; None where this machine has none of them (a CPU build has no CUDA or cuDNN)."""
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+            "driver": nvidia_driver()}
+
+
+def software_text(report):
+    """A result's :func:`software` in words: "torch 2.11.0+cu130, CUDA 13.0, cuDNN 9.19.0, driver
+    580.159.04", leaving out what the machine has not (results written before the driver and cuDNN were
+    recorded have only torch and CUDA)."""
+    from utils.conv3d import cudnn_text
+
+    parts = [f"torch {report['torch']}", f"CUDA {report.get('cuda') or 'none'}"]
+    if report.get("cudnn"):
+        parts.append(f"cuDNN {cudnn_text(report['cudnn'])}")
+    if report.get("driver"):
+        parts.append(f"driver {report['driver']}")
+    return ", ".join(parts)
+
+
 def device_name(gpu):
     """The GPU's name (device 0), or the CPU machine's: "CPU (<host>, <N> cores)"."""
     if gpu:

@@ -40,7 +40,8 @@ import torch
 
 import train
 from benchmarks.common import (add_output_options, argument_parser, check_preset, claim_files, device_name,
-                               device_slug, free_name, make_data, outcome, results_folder, run)
+                               device_slug, free_name, make_data, outcome, results_folder, run, software,
+                               software_text)
 from benchmarks.preflight import compile_problem
 from benchmarks.trials import BatchStream, run_trials
 from utils import get_data_loader_distributed
@@ -245,8 +246,8 @@ def write_report(base, report):
 
 
 def markdown_table(report):
-    lines = [f"Measured by `{report['command']}` on {report['device']} (torch {report['torch']}, "
-             f"CUDA {report['cuda']}), {report['date']}. Samples/s; MFU of SYNTHETIC and FULL.", "",
+    lines = [f"Measured by `{report['command']}` on {report['device']} ({software_text(report)}), {report['date']}. "
+             "Samples/s; MFU of SYNTHETIC and FULL.", "",
              "| rung | FULL | SYNTHETIC | IO | MFU (synthetic) | MFU (full) | peak memory (GB) |",
              "|---|---|---|---|---|---|---|"]
 
@@ -303,8 +304,7 @@ def main(argv=None):
     train_path, val_path = make_data(args.data_dir, preset["box"])
     common = [*preset["options"], f"--train_path={train_path}", f"--val_path={val_path}",
               f"--device={device.type}", "--checkpoint=false"]
-    report = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
-              "date": stamp.isoformat(timespec="seconds"), "command": "python -m benchmarks.ladder "
+    report = {"device": name, **software(), "date": stamp.isoformat(timespec="seconds"), "command": "python -m benchmarks.ladder "
               + " ".join(sys.argv[1:] if argv is None else argv), "runs": []}
     for rung in rungs:
         logging.info("=== %s: %s %s", rung.name, rung.script, " ".join(rung.options))

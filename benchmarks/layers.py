@@ -26,9 +26,9 @@ import torch
 
 import train
 from benchmarks.common import (add_output_options, argument_parser, check_preset, claim_files, device_name,
-                               device_slug, free_name, results_folder, write_report)
+                               device_slug, free_name, results_folder, software, software_text, write_report)
 from utils.YParams import load_params
-from utils.conv3d import check_conv3d, cudnn_text, running_precision
+from utils.conv3d import check_conv3d, running_precision
 from utils.distributed import World
 from utils.errors import exit_on_user_error
 from utils.flops import resolve_peak_flops, unet_flops_per_sample
@@ -165,8 +165,7 @@ def measure(params, device, repeats):
 
 
 def markdown(report):
-    lines = [f"Measured by `{report['command']}` on {report['device']} (torch {report['torch']}, CUDA "
-             f"{report['cuda'] or 'none'}, cuDNN {cudnn_text(report['cudnn'])}), {report['date']}: "
+    lines = [f"Measured by `{report['command']}` on {report['device']} ({software_text(report)}), {report['date']}: "
              f"batch {report['batch']}, crop "
              f"{report['crop']}^3, {report['precision']}. Each convolution forward + backward alone; share: of "
              "one whole training step.", "",
@@ -219,8 +218,7 @@ def main(argv=None):
         raise AssertionError(f"the layers' FLOPs ({flops:.6g}) do not add up to the model's ({model_flops:.6g})")
     peak, _ = resolve_peak_flops(device, precision)
     seconds = sum(row["ms"] for row in rows) / 1e3
-    report = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
-              "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
+    report = {"device": name, **software(), "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
               "date": stamp.isoformat(timespec="seconds"), "batch": batch, "crop": params.crop_size,
               "precision": precision, "conv3d_warnings": warnings, "peak_tflops": peak / 1e12 if peak else None,
               "command": "python -m benchmarks.layers " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -32,7 +32,7 @@ import torch
 
 from benchmarks.common import (add_output_options, argument_parser, check_preset, claim_folder, device_name,
                                device_slug, free_name, holds_files, make_data, outcome, relative, relative_args,
-                               results_folder, run)
+                               results_folder, run, software, software_text)
 from benchmarks import plot_scaling
 from utils.errors import exit_on_user_error
 
@@ -87,7 +87,7 @@ def write_summary(out_dir, index):
         json.dump(index, f, indent=2)
     _, ddp, noddp = plot_scaling.read_folder(out_dir)
     lines = [f"# Scaling on one node: {index['device']}", "",
-             f"Made by `{index['command']}` ({index['date']}, torch {index['torch']}). FULL samples/s of the "
+             f"Made by `{index['command']}` ({index['date']}, {software_text(index)}). FULL samples/s of the "
              f"whole job, {plot_scaling.batch_description(index)}; each point is the run named beside it, "
              "whose benchy JSON and log are in this folder.", "",
              plot_scaling.markdown_table(ddp, noddp, index["unit"], plot_scaling.folder_trials(out_dir)), "",
@@ -140,8 +140,7 @@ def main(argv=None):
     if preset["threads"]:  # torchrun sets 1 thread per rank only for several ranks: the same for every size
         env["OMP_NUM_THREADS"] = str(preset["threads"])
 
-    index = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
-             "date": stamp.isoformat(timespec="seconds"), "unit": preset["unit"],
+    index = {"device": name, **software(), "date": stamp.isoformat(timespec="seconds"), "unit": preset["unit"],
              "local_batch": None if args.global_batch_size else preset["local_batch"],
              "global_batch": args.global_batch_size, "options": preset["options"], "ddp_options": args.ddp_options,
              "command": "python -m benchmarks.scaling " + shlex.join(sys.argv[1:] if argv is None else argv),

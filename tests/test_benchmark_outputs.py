@@ -231,3 +231,14 @@ def test_the_gpu_suite_reruns_its_stages_over_their_own_results():
     assert sorted(tool for tool, _ in commands) == ["ladder", "ladder", "layers", "profiles", "scaling"]
     for _, options in commands:
         assert {"--out_dir", "--overwrite"} <= set(options.split()), options
+
+
+def test_results_name_the_software_they_were_measured_with(monkeypatch):
+    gpu = {"torch": "2.11.0+cu130", "cuda": "13.0", "cudnn": 91900, "driver": "580.159.04"}
+    assert common.software_text(gpu) == "torch 2.11.0+cu130, CUDA 13.0, cuDNN 9.19.0, driver 580.159.04"
+    assert common.software_text({"torch": "2.13.0+cpu", "cuda": None}) == "torch 2.13.0+cpu, CUDA none"  # older files
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi: no driver, and no error
+    assert common.nvidia_driver() is None and set(common.software()) == {"torch", "cuda", "cudnn", "driver"}
+    header = ladder.markdown_table({**gpu, "device": "NVIDIA H200", "command": "python -m benchmarks.ladder",
+                                    "date": "2026-11-26", "runs": []}).splitlines()[0]
+    assert "on NVIDIA H200 (torch 2.11.0+cu130, CUDA 13.0, cuDNN 9.19.0, driver 580.159.04), 2026-11-26" in header
