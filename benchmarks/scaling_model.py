@@ -110,8 +110,10 @@ PERLMUTTER = Machine("Perlmutter (4 x A100 per node)", 4, 300.0, 100.0, loader_r
 # datasheet) on NVLink 4 (900 GB/s both directions: 450 GB/s each way) through NVSwitch, and 8 ConnectX-7
 # NICs of 400 Gb/s (50 GB/s) for the compute network: 400 GB/s per node; storage has its own NICs.
 # Loader: DALI is not measured on an H100 yet (this code's host loader is: 8 lowmem workers, 310 samples/s
-# in its IO trial); the A100's DALI pipeline alone reached 937 samples/s (the original's benchy IO
-# trial), kept as the bound.
+# in its IO trial; on one H200 machine of 16 cores this code's DALI pipeline alone delivered 1849.5
+# samples/s with 8 threads, benchmarks/results/loaders/, 2026-11-26); the A100's DALI pipeline alone
+# reached 937 samples/s (the original's benchy IO trial), kept as the bound: a DGX node's cores per GPU
+# and file system are not that machine's.
 H100 = Machine("DGX H100 (8 x H100 per node)", 8, 450.0, 400.0, loader_rate=937.0,
                source="NVIDIA DGX H100 user guide (NVLink 4, 8 x ConnectX-7 400 Gb/s); H100 datasheet",
                memory_bw=3350.0, **NCCL_LATENCY)
