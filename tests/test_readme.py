@@ -777,6 +777,8 @@ def test_scaling_model_prose_is_that_of_its_report():
     four, eight = rows[("4_gpus_local_batch_16", 1)]["error"], rows[("8_gpus_local_batch_16", 2)]["error"]
     assert f"(4 GPUs {100 * four:+.1f}%, 8 GPUs {100 * eight:+.1f}%)" in text
     assert f"({100 * model.PER_STEP_SHARE:.1f}% of a batch-64 step's compute is paid once per step" in text
+    h200 = model.per_step_share(os.path.join(ROOT, "benchmarks", "results", "nvidia-h200-2026-11-26.json"))
+    assert f"0.532 ms per sample and 5.4 ms per step: {100 * h200:.1f}%" in text  # the H200's corroboration
     overhead = [100 * rows[("comm_overhead_synthetic", n)]["published"] for n in (8, 16)]
     assert f"from {overhead[0]:.1f}% to {overhead[1]:.1f}% between 8 and 16 nodes" in text
     one_node = next(r for r in report["tables"]["perlmutter"] if r["gpus"] == 4)
