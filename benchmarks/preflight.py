@@ -45,6 +45,7 @@ from benchmarks.common import ROOT, add_output_options, relative, results_folder
 from utils.compiler import compile_problem
 from utils.conv3d import AMP_DTYPES, conv_backends, cudnn_text, known_issues, on_cudnn, running_precision
 from utils.data_loader import shm_free_bytes
+from utils.errors import UserError, exit_on_user_error
 
 def conv3d_check(device):
     """A bf16 3-D convolution (the U-Net's second level: 64 -> 128 channels, 32^3, batch 8),
@@ -271,6 +272,7 @@ def write(path, facts):
     os.replace(path + ".tmp", path)
 
 
+@exit_on_user_error
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_output_options(parser, None, "preflight", "the folder preflight.json goes in, rewritten by every "
@@ -278,7 +280,11 @@ def main(argv=None):
     parser.add_argument("--nsys_timeout", type=int, default=45,
                         help="seconds for nsys to write a report, its importer included")
     args = parser.parse_args(argv)
-    out = os.path.join(results_folder(args, None, "preflight"), FILE)
+    folder = results_folder(args, None, "preflight")
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise UserError(f"--out_dir={relative(folder)} is a file, not a folder: the preflight writes {FILE} into "
+                        "a folder. Pass --out_dir=<a folder> (a new one, or the suite's results folder).")
+    out = os.path.join(folder, FILE)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     start = time.perf_counter()
     printed = set()

@@ -116,3 +116,13 @@ def test_the_16_bit_convolutions_findings_and_the_precision_that_runs(monkeypatc
              "conv3d": {"bf16": {"on_cudnn": False}, "fp16": {"on_cudnn": True}, "tf32_runs_as": "fp32"}}
     [said] = preflight.decisions(facts)
     assert "the bf16 rungs get one short trial each, marked slow" in said and "FP32 peak" in said
+
+
+def test_a_file_for_the_output_folder_is_refused_in_one_paragraph(tmp_path):
+    taken = tmp_path / "taken"
+    taken.write_text("a file of the user's\n")
+    result = subprocess.run([sys.executable, "-m", "benchmarks.preflight", "--out_dir", str(taken)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "is a file, not a folder" in result.stderr and "Pass --out_dir=<a folder>" in result.stderr
+    assert taken.read_text() == "a file of the user's\n" and result.stdout == ""  # nothing ran, nothing overwritten
