@@ -124,5 +124,6 @@ def test_a_file_for_the_output_folder_is_refused_in_one_paragraph(tmp_path):
     result = subprocess.run([sys.executable, "-m", "benchmarks.preflight", "--out_dir", str(taken)], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert "is a file, not a folder" in result.stderr and "Pass --out_dir=<a folder>" in result.stderr
+    message = " ".join(result.stderr.split())  # wrapped to the terminal's width
+    assert "is a file, not a folder" in message and "Pass --out_dir=<a folder>" in message
     assert taken.read_text() == "a file of the user's\n" and result.stdout == ""  # nothing ran, nothing overwritten
