@@ -2,7 +2,8 @@
 # The tutorial's GPU measurements and checks, one stage per command of a lent GPU machine, each inside
 # its own budget:
 #
-#   benchmarks/gpu_suite.sh --plan            the commands to send, in order, with budgets (no GPU needed)
+#   benchmarks/gpu_suite.sh --plan            the commands to send, in order, in sessions of 15 minutes of
+#                                             a lent machine, with budgets (no GPU needed)
 #   benchmarks/gpu_suite.sh --plan --gpus 4   the multi-GPU plan, for a machine with 4 GPUs
 #   benchmarks/gpu_suite.sh --help            this text
 #   benchmarks/gpu_suite.sh preflight         python -m benchmarks.preflight: what the later stages rely on
@@ -64,7 +65,7 @@ export PYTHONUNBUFFERED=1
 # Seconds per stage and per step: priced by benchmarks/suite_plan.py (--plan shows both; a test keeps
 # these equal to its figures).
 declare -A BUDGET=([preflight]=60 [ladder]=380 [profiles]=220 [tests-gpu]=280 [tests-compile]=170 [scaling]=110
-                   [dali]=380 [multi-gpu]=210)
+                   [dali]=320 [multi-gpu]=210)
 STAGES="preflight ladder profiles tests-gpu tests-compile scaling dali multi-gpu"
 
 # The tools' sizes: the GPU's, or, with CPU_CHECK=1, the CPU presets' at their smallest (the same code path).
@@ -266,7 +267,8 @@ stage_scaling() {
 }
 
 stage_dali() {
-    # Run in the command that installs DALI (its wheels gather on the machine over several commands):
+    # Run in the command that installs DALI (benchmarks/pack_dali.sh's parts, gathered on the machine over
+    # the DALI session's commands, the last extracted into the site folder on PYTHONPATH):
     # DALI's GPU tests first (30 s; on one H100 the host loaders' rungs alone took 234 s of the budget),
     # then its profile (the profiles stage has no DALI), then the ladder's DALI rung (where DALI imports)
     # and the host loaders' rungs.

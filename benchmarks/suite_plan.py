@@ -1,30 +1,36 @@
-"""The commands that run ``benchmarks/gpu_suite.sh`` on a lent GPU machine, in order, each with its budget.
+"""The commands that run ``benchmarks/gpu_suite.sh`` on lent GPU machines, in sessions, each with its budget.
 
     benchmarks/gpu_suite.sh --plan             # = python -m benchmarks.suite_plan --limit 540
     benchmarks/gpu_suite.sh --plan --gpus 4    # the multi-GPU checks, for a machine with 4 GPUs
 
-Runs anywhere, no GPU needed. A lent machine is held 30 minutes at most, whatever runs, gives
-a command 10 minutes, goes back 30 seconds after a command ends, and may be replaced by a bare
-one between two commands. So the plan is commands that each stand on their own, sent back to back,
-the most valuable first: each starts by installing the small wheels it carries (ruamel.yaml, which
+Runs anywhere, no GPU needed. A task is lent a GPU machine only sometimes, and then for 15 minutes
+of device time in all (:data:`SESSION_S`): the machine's start (1-2 minutes), every command (10
+minutes at most), the transfers, and the 30 s of idle after the last command, when the machine goes
+back. So the plan is sessions, each a lease of its own on a machine that starts bare, the most
+valuable first: (1) the preflight, the ladder and the profiles; (2) the GPU-only tests and the
+one-GPU scaling point; (3) DALI. A session's commands are sent back to back (a machine goes back
+30 seconds after a command ends, and may be replaced by a bare one between two commands), and each
+command stands on its own: it starts by installing the small wheels it carries (ruamel.yaml, which
 every script imports) into a fresh folder, reads nothing an earlier command left on the machine,
-and returns its results from ``$OUT``. DALI's wheels, too large for one command, gather on the
-machine over several commands after every stage that does not need them; the command that
-completes their install runs the DALI rung and DALI's tests. Each command is priced: its stages'
-estimates, their budgets (what gpu_suite.sh enforces: its ``BUDGET`` table, which a test keeps
-equal to these), the transfers, and the machine's start; the whole plan must fit one hold with
-a margin (:data:`HOLD_S`, :data:`MARGIN_S`).
+and returns its results from ``$OUT``. DALI, too large for one command, travels as
+``benchmarks/pack_dali.sh`` packs it: its wheels unzipped into one site folder, in one tar compressed
+with xz, cut into :data:`DALI_PARTS` parts. The parts gather on the machine over the DALI session's
+commands, one part each; the last command checks the tar's sha256, extracts it and runs the dali
+stage (DALI's tests, its profile, its rung). Each command is priced: its stages' estimates, their
+budgets (what gpu_suite.sh enforces: its ``BUDGET`` table, which a test keeps equal to these), the
+transfers; each session, with the machine's start, must fit its 15 minutes with a margin
+(:data:`MARGIN_S`) if every command used its whole budget.
 
 The estimates read the rungs, trial sizes and batches from the benchmark tools themselves and
 price them with the throughputs in :data:`ASSUMED_IO` and :data:`ASSUMED_COMPUTE`: the original
 tutorial's A100 figures (README of the SC22 tutorial), which an H100 or H200 exceeds, so they are
-upper bounds for such a GPU. Set-up costs, transfers and the GPU tests' costs are estimates (no
-GPU run of this code has measured them yet), marked as such.
+upper bounds for such a GPU. Set-up costs, transfers and the GPU tests' costs are estimates, marked
+as such, but for DALI's extraction and a part's transfer, measured on an H200 (2026-11-26).
 
 One GPU gives the multi-GPU code no coverage: at world size 1 no process group is made, and NCCL
 refuses two ranks on one GPU. DDP, FSDP, domain parallelism over NCCL and the CUDA-graph step
 under DDP are the ``multi-gpu`` stage of the plan for a machine with several GPUs (``--gpus N``),
-with the weak-scaling points, which on one GPU measure nothing the ladder does not.
+with the weak-scaling points over its GPUs; the single-GPU plan runs the one-GPU point.
 """
 import argparse
 import math
@@ -65,12 +71,14 @@ COMPILE_TESTS = [("tests/test_gpu_paths.py compile: two epochs, reduce-overhead,
                   "compiled", 130), ("pytest's start and collection", 10)]
 DALI_TESTS = [("tests/test_data_loader_dali.py on the GPU: two loaders compared (no train.py runs)", 20),
               ("pytest's start and collection", 10)]
-DALI_PARTS = 5        # DALI for CUDA 13 and what it imports, about 250 MB, carried in parts of 55 MiB
-DALI_INSTALL_S = 40   # joining the parts, their checksums and pip's install: estimated
-COPY_BUDGET = 10      # a part's command: a copy of 55 MiB on the machine
+# DALI for CUDA 13 and what it imports: 254 MB of wheels, unzipped and packed by benchmarks/pack_dali.sh into a
+# tar.xz of 167 MB, carried in parts of 56 MiB.
+DALI_PARTS = 3
+DALI_INSTALL_S = 20   # joining the parts, their sha256 and tar xJf: the extraction took 7.9 s on an H200 (2026-11-26)
+COPY_BUDGET = 10      # a part's command: a copy of 56 MiB on the machine
 CUDNN_AUTOTUNE_S = 60  # python -m benchmarks.cudnn_autotune: the first step with and without autotuning
-# Where each command installs what it carries, and gathers DALI's parts: under $HOME (/root on a lent
-# machine, where commands run as root), which a bare machine has empty.
+# Where each command installs what it carries (DALI's site too), and gathers DALI's parts: under $HOME (/root on
+# a lent machine, where commands run as root), which a bare machine has empty.
 SITE = "${HOME:-/root}/site"
 GATHER = "${HOME:-/root}/carry"
 # requirements.txt's packages that the lent machine lacks (it has torch, numpy, h5py, pyyaml,
@@ -81,15 +89,15 @@ CARRIED_PREFLIGHT = ".carry/preflight"  # the preflight's answer, for the comman
 SUITE_RESULTS = "runs/benchmarks/gpu_suite"  # gpu_suite.sh's RESULTS: the archives hold its files under it
 INSTALL = (f"python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target \"{SITE}\" {WHEELS}/*.whl "
            f"&& export PYTHONPATH=\"{SITE}${{PYTHONPATH:+:$PYTHONPATH}}\"")
-# The lent machine: 30 minutes held at most; 1-2 minutes to start; given back 30 s after a command; the
-# working tree (3-4 MiB) and the results travel with every command, a DALI part's 55 MiB with some.
-HOLD_S = 1800
+# A lent machine: 15 minutes of device time a session, for its start (1-2 minutes), every command, the transfers
+# and the idle 30 s after the last command, when it goes back; the working tree (3-4 MiB) and the results travel
+# with every command, a DALI part's 56 MiB with some (10-20 s a call, measured on an H200, 2026-11-26).
+SESSION_S = 900
 START_S = 120
 IDLE_S = 30
 TRANSFER_S = 5
-DALI_PART_TRANSFER_S = 15
-MARGIN_S = 60          # left over when every command used its whole budget
-COMMANDS_S = 25 * 60   # what the estimates may take together, starts and transfers included
+DALI_PART_TRANSFER_S = 20
+MARGIN_S = 60          # left over in a session when every command used its whole budget (the gaps between commands)
 MAX_BUDGET = 530       # of the 540 s a stage may run (STAGE_LIMIT): 10 s for packing's last pass
 
 
@@ -226,52 +234,68 @@ def suite(stages):
 def dali_commands(parts=DALI_PARTS):
     """DALI's install, one command per carried part, the last one running the dali stage:
     (what, command, carry, estimate, transfer)."""
-    commands = [(f"DALI wheels, part {k} of {parts}: gathered on the machine", f"mkdir -p \"{GATHER}\" && cp "
-                 f".carry/{k}/part.* \"{GATHER}/\" && ls -la \"{GATHER}\"", [f".carry/{k}"], 5, DALI_PART_TRANSFER_S)
-                for k in range(1, parts)]
-    install = (f"mkdir -p \"{GATHER}\" && cp .carry/{parts}/* \"{GATHER}/\" && (cd \"{GATHER}\" && cat part.* | tar xf - "
-               f"&& sha256sum -c --quiet manifest && python3 -m pip install -q --no-index --no-deps --no-compile "
-               f"--upgrade --target \"{SITE}\" ./*.whl) || echo 'DALI not installed: a part is missing (a new machine?) or "
-               "broken; the dali stage runs without it'")
-    commands.append((f"DALI wheels, part {parts} of {parts}, their install, and the dali stage",
+    commands = [(f"DALI, part {k} of {parts}: gathered on the machine", f"mkdir -p \"{GATHER}\" && cp "
+                 f".carry/{k}/site.tar.xz.* \"{GATHER}/\" && ls -la \"{GATHER}\"", [f".carry/{k}"], 5,
+                 DALI_PART_TRANSFER_S) for k in range(1, parts)]
+    install = (f"mkdir -p \"{GATHER}\" && cp .carry/{parts}/* \"{GATHER}/\" && (cd \"{GATHER}\" && cat site.tar.xz.? > "
+               f"site.tar.xz && sha256sum -c --quiet site.sha256 && mkdir -p \"{SITE}\" && tar xJf site.tar.xz -C "
+               f"\"{SITE}\") || echo 'DALI not installed: a part is missing (a new machine?) or broken; the dali stage "
+               "runs without it'")
+    commands.append((f"DALI, part {parts} of {parts}, its install, and the dali stage",
                      f"{INSTALL} && {{ {install}; }} && benchmarks/gpu_suite.sh dali",
                      [WHEELS, CARRIED_PREFLIGHT, f".carry/{parts}"], DALI_INSTALL_S, DALI_PART_TRANSFER_S))
     return commands
 
 
-# The single-GPU plan: commands of stages, most valuable first; DALI's parts after the rest.
-# The weak-scaling stage is the multi-GPU plan's: on one GPU its DDP and --noddp runs are the same run.
-SINGLE_GPU = [["preflight"], ["ladder"], ["profiles"], ["tests-gpu", "tests-compile"]]
-MULTI_GPU = [["preflight"], ["multi-gpu"], ["scaling"]]
+# The single-GPU plan: sessions, each a lease of its own, the most valuable first; in each, commands of stages.
+# ["dali"] is DALI's session: its parts, one a command, the last with the dali stage (dali_commands).
+SINGLE_GPU = [[["preflight"], ["ladder"], ["profiles"]], [["tests-gpu", "tests-compile"], ["scaling"]], [["dali"]]]
+MULTI_GPU = [[["preflight"], ["multi-gpu"], ["scaling"]]]
 
 
-def plan(limit=540, gpus=1, dali=True):
-    """The commands in order: dicts of what, command, carry, estimate, budget, transfer and stages."""
-    priced = steps()
-    if gpus > 1:
-        priced["scaling"] = [("scaling", scaling_rows(gpus))]
+def stage_command(stages, priced, limit):
+    """The command that runs these stages: a dict of what, command, carry, estimate, budget, transfer, stages
+    and steps."""
+    carry = [WHEELS] if stages == ["preflight"] else [WHEELS, CARRIED_PREFLIGHT]
+    return {"what": "stage " + " and ".join(stages), "stages": stages, "command": suite(stages), "carry": carry,
+            "estimate": sum(stage_estimate(priced[stage]) for stage in stages), "transfer": TRANSFER_S,
+            "budget": sum(budget(stage_estimate(priced[stage]), limit) for stage in stages),
+            "steps": [step for stage in stages for step in priced[stage]]}
+
+
+def dali_session(priced, limit):
+    """DALI's commands, priced like stage_command's."""
     commands = []
-    for stages in (MULTI_GPU if gpus > 1 else SINGLE_GPU):
-        estimate = sum(stage_estimate(priced[stage]) for stage in stages)
-        carry = [WHEELS] if stages == ["preflight"] else [WHEELS, CARRIED_PREFLIGHT]
-        commands.append({"what": "stage " + " and ".join(stages), "stages": stages, "command": suite(stages),
-                         "carry": carry, "estimate": estimate, "transfer": TRANSFER_S,
-                         "budget": sum(budget(stage_estimate(priced[stage]), limit) for stage in stages),
-                         "steps": [step for stage in stages for step in priced[stage]]})
-    if dali and gpus == 1:
-        for what, command, carry, seconds, transfer in dali_commands():
-            stage = "dali" if command.endswith("gpu_suite.sh dali") else None
-            estimate = seconds + (stage_estimate(priced[stage]) if stage else 0)
-            commands.append({"what": what, "stages": [stage] if stage else [], "command": command, "carry": carry,
-                             "estimate": estimate, "transfer": transfer,
-                             "budget": budget(seconds, limit) + budget(stage_estimate(priced[stage]), limit)
-                             if stage else COPY_BUDGET,
-                             "steps": priced[stage] if stage else []})
+    for what, command, carry, seconds, transfer in dali_commands():
+        stage = "dali" if command.endswith("gpu_suite.sh dali") else None
+        commands.append({"what": what, "stages": [stage] if stage else [], "command": command, "carry": carry,
+                         "estimate": seconds + (stage_estimate(priced[stage]) if stage else 0), "transfer": transfer,
+                         "budget": budget(seconds, limit) + budget(stage_estimate(priced[stage]), limit)
+                         if stage else COPY_BUDGET,
+                         "steps": priced[stage] if stage else []})
     return commands
 
 
-def hold(commands):
-    """(estimated, budgeted) seconds of the hold: the machine's start, every command and its transfers,
+def plan(limit=540, gpus=1, dali=True):
+    """The sessions in order, each a list of its commands (stage_command's dicts)."""
+    priced = steps()
+    if gpus > 1:
+        priced["scaling"] = [("scaling", scaling_rows(gpus))]
+    sessions = []
+    for session in (MULTI_GPU if gpus > 1 else SINGLE_GPU):
+        commands = []
+        for stages in session:
+            if stages != ["dali"]:
+                commands.append(stage_command(stages, priced, limit))
+            elif dali:
+                commands += dali_session(priced, limit)
+        if commands:
+            sessions.append(commands)
+    return sessions
+
+
+def session_seconds(commands):
+    """(estimated, budgeted) device time of a session: the machine's start, every command and its transfers,
     and the idle 30 s after the last."""
     overhead = START_S + IDLE_S + sum(command["transfer"] for command in commands)
     return (overhead + sum(command["estimate"] for command in commands),
@@ -289,49 +313,68 @@ def main(argv=None):
     parser.add_argument("--gpus", type=int, default=1, help="the machine's GPUs: 2 or more for the multi-GPU plan")
     parser.add_argument("--no_dali", action="store_true", help="leave DALI's install out (its rung and tests skip)")
     args = parser.parse_args(argv)
-    commands = plan(args.limit, args.gpus, dali=not args.no_dali)
-    print(f"GPU suite plan for a machine with {args.gpus} GPU(s): {len(commands)} commands, sent back to back to "
-          "one lent machine (each within 30 s of the last, or the machine and what it holds are gone). Each "
-          "command stands on its own: it installs the small wheels it carries, reads nothing an earlier command "
-          "left on the machine, and its results come back from $OUT (the archives gpu_suite_<stage>.tgz). "
-          "Estimates: the original tutorial's A100 throughputs (an H100 or H200 is faster), set-up, transfers "
-          "and GPU tests estimated; budgets: what gpu_suite.sh enforces; timeout_s: the budget and 30 s.")
+    sessions = plan(args.limit, args.gpus, dali=not args.no_dali)
+    commands = [command for session in sessions for command in session]
+    dali = any(command["what"].startswith("DALI") for command in commands)
+    print(f"GPU suite plan for a machine with {args.gpus} GPU(s): {len(commands)} commands in {len(sessions)} "
+          f"session(s), the most valuable first. A session is a lease of its own, on a machine that starts bare, "
+          f"with {SESSION_S // 60} min of device time for the machine's start, its commands, their transfers and "
+          f"the idle {IDLE_S} s after its last command; a task is lent a machine only sometimes, so a session may "
+          "be a later task's. A session's commands are sent back to back (each within 30 s of the last, or the "
+          "machine and what it holds are gone). Each command stands on its own: it installs the small wheels it "
+          "carries, reads nothing an earlier command left on the machine" + " but DALI's gathered parts" * dali
+          + ", and its results come back from $OUT (the archives gpu_suite_<stage>.tgz). Estimates: the original "
+          "tutorial's A100 throughputs (an H100 or H200 is faster), set-up, transfers and GPU tests estimated; "
+          "budgets: what gpu_suite.sh enforces; timeout_s: the budget and 30 s.")
     if args.gpus == 1:
         print("\nOne GPU gives the multi-GPU code no coverage (world size 1 makes no process group; NCCL refuses "
               "two ranks on one GPU): DDP, FSDP, domain [2,1,1] over NCCL, the CUDA-graph step under DDP and "
-              "the weak-scaling points are the plan for a machine with several GPUs: "
+              "the weak-scaling points past one GPU are the plan for a machine with several GPUs: "
               "benchmarks/gpu_suite.sh --plan --gpus 4.")
-    print(f"\nBefore the first command, in the ignored folder .carry/: the wheels of {', '.join(SMALL_WHEELS)} for "
+    last = f".carry/{DALI_PARTS}"
+    print(f"\nBefore the first session, in the ignored folder .carry/: the wheels of {', '.join(SMALL_WHEELS)} for "
           f"the machine's Python 3.12 in {WHEELS}/ (python -m pip download --no-deps --only-binary=:all: "
           f"--python-version 3.12 --platform manylinux2014_x86_64 -d {WHEELS} {' '.join(SMALL_WHEELS)})"
-          + (f"; DALI's wheels, cut into {DALI_PARTS} parts in .carry/1 .. .carry/{DALI_PARTS} with a sha256 "
-             "manifest in the last (../shared/gpu/pack-wheels.sh); check them here with: cat .carry/*/part.* | "
-             "tar tf -" if any(command["what"].startswith("DALI") for command in commands) else "") + ".")
+          + (f"; before DALI's session, DALI: benchmarks/pack_dali.sh (its wheels from PyPI, unzipped into one "
+             f"site folder, a tar.xz of it cut into {DALI_PARTS} parts in .carry/1 .. {last}, the tar's sha256 in "
+             f"{last}/site.sha256; xz -9 takes about 3 min on 2 cores); check them here with: cat .carry/[0-9]*/"
+             f"site.tar.xz.? | sha256sum (the sum in {last}/site.sha256)"
+             if dali else "") + ".")
     print(f"After command 1, within the 30 s: mkdir -p {CARRIED_PREFLIGHT} && tar xzf <its files>/gpu_suite_"
           f"preflight.tgz -O {SUITE_RESULTS}/preflight.json > {CARRIED_PREFLIGHT}/preflight.json (the "
-          "preflight's nsys answer, carried by the commands after it; without it the profiles stage probes nsys "
-          "again, at most 45 s).")
+          "preflight's nsys answer, carried by the commands after it, in later sessions too; without it the "
+          "profiles stage probes nsys again, at most 45 s).")
     fits = True
-    for number, command in enumerate(commands, start=1):
-        ok = command["estimate"] <= command["budget"] <= args.limit
-        fits &= ok
-        print(f"\n{number:2d}. {command['what']}: budget {command['budget']} s, about {command['estimate']} s"
-              f"; carry {', '.join(command['carry'])}; timeout_s {min(600, command['budget'] + 30)} "
-              f"({'fits' if ok else 'DOES NOT FIT'})")
-        print(f"    $ {command['command']}")
-        for step, rows in command["steps"]:
-            print(f"      step {step}: about {step_seconds(rows)} s")
-            for what, seconds in rows:
-                print(f"        {seconds:6.0f} s  {what}")
-    estimated, budgeted = hold(commands)
-    transfers = sum(command["transfer"] for command in commands)
-    holds = budgeted <= HOLD_S - MARGIN_S and estimated <= START_S + COMMANDS_S
-    fits &= holds
-    print(f"\nall commands: about {(estimated - START_S - IDLE_S) / 60:.1f} min of commands and transfers "
-          f"({transfers} s of transfers, estimated); the hold, with the machine's start ({START_S} s) and the "
-          f"idle {IDLE_S} s after the last command: about {estimated / 60:.1f} min, at most {budgeted / 60:.1f} min "
-          f"if every command used its whole budget, of the {HOLD_S // 60} min a machine is held "
-          f"({'fits, with ' + str(HOLD_S - budgeted) + ' s to spare' if holds else 'DOES NOT FIT'}).")
+    number = 0
+    for index, session in enumerate(sessions, start=1):
+        stages = [stage for command in session for stage in command["stages"]]
+        parts = [command for command in session if command["what"].startswith("DALI")]
+        print(f"\nSession {index} of {len(sessions)}: " + (f"DALI's {len(parts)} parts, one a command, the last "
+              "with " if parts else "") + f"stage{'s' * (len(stages) > 1)} {', '.join(stages)}")
+        for command in session:
+            number += 1
+            ok = command["estimate"] <= command["budget"] <= args.limit
+            fits &= ok
+            print(f"\n{number:2d}. {command['what']}: budget {command['budget']} s, about {command['estimate']} s"
+                  f"; carry {', '.join(command['carry'])}; timeout_s {min(600, command['budget'] + 30)} "
+                  f"({'fits' if ok else 'DOES NOT FIT'})")
+            print(f"    $ {command['command']}")
+            for step, rows in command["steps"]:
+                print(f"      step {step}: about {step_seconds(rows)} s")
+                for what, seconds in rows:
+                    print(f"        {seconds:6.0f} s  {what}")
+        estimated, budgeted = session_seconds(session)
+        transfers = sum(command["transfer"] for command in session)
+        holds = budgeted <= SESSION_S - MARGIN_S
+        fits &= holds
+        print(f"\nsession {index}: about {(estimated - START_S - IDLE_S) / 60:.1f} min of commands and transfers "
+              f"({transfers} s of transfers, estimated); with the machine's start ({START_S} s) and the idle "
+              f"{IDLE_S} s after its last command: about {estimated / 60:.1f} min, at most {budgeted / 60:.1f} min "
+              f"if every command used its whole budget, of the {SESSION_S // 60} min of device time a session has "
+              f"({'fits, with ' + str(SESSION_S - budgeted) + ' s to spare' if holds else 'DOES NOT FIT'}).")
+    total = sum(session_seconds(session)[1] for session in sessions)
+    print(f"\nall sessions: {len(sessions)}, at most {total / 60:.1f} min of device time together "
+          f"({'each fits its ' + str(SESSION_S // 60) + ' min' if fits else 'DOES NOT FIT'}).")
     return 0 if fits else 1
 
 

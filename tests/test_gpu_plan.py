@@ -8,12 +8,15 @@ CPU_CHECK=1 makes every stage run its set-up and its tools at tiny sizes on the 
 GPU-only steps skipped by their own checks. Nothing is kept between commands but what the plan
 says travels: the carried folders (.carry/wheels, the preflight's answer that the plan copies into
 .carry/preflight after the first command, DALI's parts). The one thing that stays on the machine
-is DALI's parts, gathered over their commands: those share one HOME, and the last one's install
-is also run alone, on a bare machine, where it must say that DALI is missing and go on.
+is DALI's parts, gathered over the commands of DALI's session: those share one HOME, and the last
+one's install is also run alone, on a bare machine, where it must say that DALI is missing and go on.
 
-DALI's parts here are cut from a small real wheel (the transport: parts, manifest, checksums,
-pip), not DALI's 250 MB; this machine's DALI (CPU mode) is what then imports.
+DALI's parts here are packed by benchmarks/pack_dali.sh from a small real wheel of one of the
+packages DALI imports (the transport: the unzipped site folder, the xz tar, its parts, the sha256,
+the extraction), not DALI's 254 MB of wheels; this machine's DALI (CPU mode) is what then imports.
 """
+import hashlib
+import io
 import importlib.metadata
 import json
 import os
@@ -28,6 +31,8 @@ import pytest
 
 from benchmarks import suite_plan
 from conftest import ROOT
+
+PACK = os.path.join(ROOT, "benchmarks", "pack_dali.sh")
 
 pytestmark = pytest.mark.slow
 
@@ -88,17 +93,15 @@ def machine(tmp_path_factory):
     base = tmp_path_factory.mktemp("bare")
     carried = base / "checkout"  # the ignored folders of the developer's checkout
     (carried / ".carry" / "wheels").mkdir(parents=True)
-    wheel = wheel_of("ruamel.yaml", carried / ".carry" / "wheels")
-    # DALI's parts as ../shared/gpu/pack-wheels.sh cuts them: a tar of wheels, split, the manifest in the last.
-    staging = base / "dali"
-    staging.mkdir()
-    shutil.copy(wheel, staging)
-    subprocess.run(f"sha256sum ./*.whl > manifest && tar cf all.tar ./*.whl && split -n {suite_plan.DALI_PARTS} "
-                   "-d -a 2 all.tar part.", shell=True, cwd=staging, check=True)
-    for k, part in enumerate(sorted(staging.glob("part.*")), start=1):
-        (carried / ".carry" / str(k)).mkdir()
-        shutil.copy(part, carried / ".carry" / str(k))
-    shutil.copy(staging / "manifest", carried / ".carry" / str(suite_plan.DALI_PARTS))
+    wheel_of("ruamel.yaml", carried / ".carry" / "wheels")
+    # DALI's parts as benchmarks/pack_dali.sh packs them, from a wheel of makefun (which DALI imports).
+    dali_wheels = base / "dali"
+    dali_wheels.mkdir()
+    wheel_of("makefun", dali_wheels)
+    subprocess.run([PACK, "--wheels", str(dali_wheels), "--parts", str(suite_plan.DALI_PARTS)], cwd=carried,
+                   check=True, capture_output=True, timeout=120)
+    assert sorted(path.name for path in (carried / ".carry").iterdir()) == sorted(
+        ["wheels"] + [str(k) for k in range(1, suite_plan.DALI_PARTS + 1)])
     bin_dir, hide_dir = base / "bin", base / "hide"
     bin_dir.mkdir()
     hide_dir.mkdir()
@@ -145,12 +148,17 @@ def test_every_command_of_the_plan_runs_on_a_bare_machine(machine):
     assert [what for what, _, _ in commands][:4] == ["stage preflight", "stage ladder", "stage profiles",
                                                      "stage tests-gpu and tests-compile"]
     dali_home = None
+    gathered = 0
     for number, (what, command, carry) in enumerate(commands, start=1):
         gathers = what.startswith("DALI")
         if gathers and dali_home is None:
             dali_home = carried.parent / "dali-home"  # the parts gather on one machine: the plan's one exception
         status, output, files = run(command, carry, home=dali_home if gathers else None)
         assert status == 0, f"command {number} ({what}) failed:\n{output[-4000:]}"
+        if gathers:  # this command's part, beside the earlier ones
+            gathered += 1
+            assert sorted(path.name for path in (dali_home / "carry").glob("site.tar.xz.?")) == [
+                f"site.tar.xz.{k}" for k in range(gathered)]
         stages = re.search(r"gpu_suite\.sh (.+)$", command)
         for stage in stages.group(1).split() if stages else []:
             texts = archive_text(files[f"gpu_suite_{stage}.tgz"])
@@ -171,8 +179,9 @@ def test_every_command_of_the_plan_runs_on_a_bare_machine(machine):
                 assert "profiles.json" in texts and "profiles without nsys" in log  # the carried answer: none here
             if stage.startswith("tests") or stage == "dali":
                 assert re.search(r"\d+ skipped", log) and " failed" not in log  # the GPU tests' own checks
-        if what.endswith("the dali stage"):
-            assert "DALI not installed" not in output
+        if what.endswith("the dali stage"):  # the packed site, extracted where PYTHONPATH points
+            assert "DALI not installed" not in output and (dali_home / "site" / "makefun" / "__init__.py").is_file()
+    assert gathered == suite_plan.DALI_PARTS
 
 
 def test_without_the_install_a_later_command_fails_at_its_imports(machine):
@@ -190,6 +199,55 @@ def test_the_last_dali_command_on_a_new_machine_says_what_is_missing_and_goes_on
     [(_, command, carry)] = [entry for entry in plan_commands() if entry[0].endswith("the dali stage")]
     status, output, _ = run(command.replace("benchmarks/gpu_suite.sh dali", "echo dali stage runs"), carry)
     assert status == 0 and "DALI not installed: a part is missing" in output and "dali stage runs" in output
+
+
+def test_the_last_dali_command_refuses_a_broken_part(machine):
+    """A part changed on the way fails the sha256 check: nothing is extracted, the dali stage still runs."""
+    carried, run = machine
+    [(_, command, carry)] = [entry for entry in plan_commands() if entry[0].endswith("the dali stage")]
+    home = carried.parent / "broken-home"
+    (home / "carry").mkdir(parents=True)
+    for k in range(1, suite_plan.DALI_PARTS):
+        part = bytearray((carried / ".carry" / str(k) / f"site.tar.xz.{k - 1}").read_bytes())
+        if k == 1:
+            part[len(part) // 2] ^= 1
+        (home / "carry" / f"site.tar.xz.{k - 1}").write_bytes(part)
+    status, output, _ = run(command.replace("benchmarks/gpu_suite.sh dali", "echo dali stage runs"), carry, home=home)
+    assert status == 0 and "site.tar.xz: FAILED" in output and "DALI not installed" in output
+    assert "dali stage runs" in output and not (home / "site" / "makefun").exists()
+
+
+def test_the_packer_keeps_one_python_and_its_parts_rejoin_into_the_checked_tar(tmp_path):
+    """benchmarks/pack_dali.sh on local wheels: one site folder of all of them, DALI's backends for other
+    Pythons than the GPU machine's 3.12 left out, the xz tar cut into parts, its sha256 in the last part's folder."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "nvidia_dali_stand_in-1.0-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("nvidia/dali/__init__.py", "")
+        for tag in ("310", "312", "313"):
+            wheel.writestr(f"nvidia/dali/backend_impl.cpython-{tag}-x86_64-linux-gnu.so", tag)
+    wheel_of("makefun", wheels)
+    result = subprocess.run([PACK, "--wheels", str(wheels), "--parts", str(suite_plan.DALI_PARTS)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stderr == "", result.stdout + result.stderr
+    assert "2 wheels" in result.stdout and f"in {suite_plan.DALI_PARTS} parts" in result.stdout
+    assert sorted(path.name for path in (tmp_path / ".carry").iterdir()) == [
+        str(k) for k in range(1, suite_plan.DALI_PARTS + 1)]  # its work folder removed
+    parts = [tmp_path / ".carry" / str(k) / f"site.tar.xz.{k - 1}" for k in range(1, suite_plan.DALI_PARTS + 1)]
+    joined = b"".join(part.read_bytes() for part in parts)
+    last = tmp_path / ".carry" / str(suite_plan.DALI_PARTS)
+    assert sorted(path.name for path in last.iterdir()) == ["site.sha256", parts[-1].name]
+    assert (last / "site.sha256").read_text() == f"{hashlib.sha256(joined).hexdigest()}  site.tar.xz\n"
+    with tarfile.open(fileobj=io.BytesIO(joined), mode="r:xz") as archive:
+        names = set(archive.getnames())
+    assert {"./nvidia/dali/__init__.py", "./nvidia/dali/backend_impl.cpython-312-x86_64-linux-gnu.so",
+            "./makefun/__init__.py"} <= names
+    assert not [name for name in names if "backend_impl.cpython-31" in name and "-312-" not in name]
+    # A count other than the plan's is pointed out.
+    result = subprocess.run([PACK, "--wheels", str(wheels), "--parts", "2"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and f"carries DALI_PARTS = {suite_plan.DALI_PARTS} parts, not 2" in result.stderr
+    assert sorted(path.name for path in (tmp_path / ".carry").iterdir()) == ["1", "2"]
 
 
 def test_every_command_of_the_multi_gpu_plan_runs_on_a_bare_machine(machine):

@@ -1,5 +1,5 @@
-"""benchmarks/gpu_suite.sh fits a lent GPU's time and loses nothing: its plan (no GPU needed) prints the
-preflight first and one ready-to-paste command per stage, each inside the budget the script enforces;
+"""benchmarks/gpu_suite.sh fits a lent GPU's time and loses nothing: its plan (no GPU needed) prints sessions
+that each fit a lease, the preflight first, and ready-to-paste commands, each inside the budget the script enforces;
 the script runs what the plan prices; a stage packs what it finished after every step, at its
 deadline and on SIGTERM (run here for real with the preflight, the stage a CPU can run)."""
 import os
@@ -38,7 +38,7 @@ def heads(output):
                       r"FIT)\)$\n    \$ (.+)$", output, flags=re.M)
 
 
-def test_the_plan_fits_one_hold_most_valuable_first_each_command_installing_what_it_carries():
+def test_the_plan_fits_its_sessions_most_valuable_first_each_command_installing_what_it_carries():
     status, output = plan_output()
     assert status == 0, output
     commands = heads(output)
@@ -46,26 +46,50 @@ def test_the_plan_fits_one_hold_most_valuable_first_each_command_installing_what
     assert all(fits == "fits" and int(estimate) <= int(budget) <= 530 and int(timeout) <= 600
                and len(command) <= 2000 for _, _, budget, estimate, _, timeout, fits, command in commands)
     stages = [re.search(r"gpu_suite\.sh (.+)$", command).group(1) for *_, command in commands if "gpu_suite.sh" in command]
-    assert stages == ["preflight", "ladder", "profiles", "tests-gpu tests-compile", "dali"]  # by value; DALI's last
+    assert stages == ["preflight", "ladder", "profiles", "tests-gpu tests-compile", "scaling", "dali"]  # by value
+    # Sessions, each a lease of its own, by value: the measurements, the tests and scaling, DALI.
+    sessions = suite_plan.plan()
+    assert [[stage for command in session for stage in command["stages"]] for session in sessions] == [
+        ["preflight", "ladder", "profiles"], ["tests-gpu", "tests-compile", "scaling"], ["dali"]]
+    printed = re.split(r"^Session \d+ of 3: .*$", output, flags=re.M)
+    assert len(printed) == 4 and [len(heads(text)) for text in printed[1:]] == [len(session) for session in sessions]
     # Every command that runs a stage installs the small wheels it carries first, into a folder under HOME.
     for _, what, _, _, carry, _, _, command in commands:
         if "gpu_suite.sh" in command:
             assert command.startswith(suite_plan.INSTALL + " && ") and ".carry/wheels" in carry.split(", "), what
-    # DALI: one command per carried part, after every other stage; the last installs it and runs the dali stage.
+    # DALI: its session is one command per carried part; the last joins them, checks the sha256, extracts the tar
+    # and runs the dali stage.
     dali = [(what, carry, command) for _, what, _, _, carry, _, _, command in commands if what.startswith("DALI")]
     assert [carry.split(", ")[-1] for _, carry, _ in dali] == [f".carry/{k}" for k in range(1, suite_plan.DALI_PARTS + 1)]
-    assert commands[-len(dali):] == [c for c in commands if c[1].startswith("DALI")]
-    assert "pip install" in dali[-1][2] and dali[-1][2].endswith("benchmarks/gpu_suite.sh dali")
-    # The hold: estimates within 25 minutes of commands and the start; budgets within 30 minutes, with a margin.
-    hold = re.search(r"about ([\d.]+) min, at most ([\d.]+) min if every command used its whole budget, of the 30 min "
-                     r"a machine is held \(fits, with (\d+) s to spare\)", output)
-    assert hold and float(hold.group(1)) <= 27 and float(hold.group(2)) * 60 <= 1800 - suite_plan.MARGIN_S
-    estimated, budgeted = suite_plan.hold(suite_plan.plan())
-    assert budgeted == suite_plan.START_S + suite_plan.IDLE_S + sum(
-        c["budget"] + c["transfer"] for c in suite_plan.plan()) and budgeted <= 1800 - suite_plan.MARGIN_S
+    assert [command["what"] for command in sessions[-1]] == [what for what, _, _ in dali]
+    assert "sha256sum -c --quiet site.sha256 && " in dali[-1][2] and "tar xJf site.tar.xz" in dali[-1][2]
+    assert dali[-1][2].endswith("benchmarks/gpu_suite.sh dali")
+    # Each session: its start, its commands' budgets and transfers, and the idle after the last, within the
+    # device time of a session, with a margin.
+    totals = re.findall(r"^session (\d+): about [\d.]+ min of commands and transfers \((\d+) s of transfers, "
+                        r"estimated\); with the machine's start \(120 s\) and the idle 30 s after its last command: "
+                        r"about [\d.]+ min, at most ([\d.]+) min if every command used its whole budget, of the 15 min "
+                        r"of device time a session has \(fits, with (\d+) s to spare\)\.$", output, flags=re.M)
+    assert [int(number) for number, *_ in totals] == [1, 2, 3]
+    for session, (_, transfers, most, spare) in zip(sessions, totals):
+        estimated, budgeted = suite_plan.session_seconds(session)
+        assert budgeted == suite_plan.START_S + suite_plan.IDLE_S + sum(c["budget"] + c["transfer"] for c in session)
+        assert estimated < budgeted and float(most) == round(budgeted / 60, 1) and int(transfers) == sum(
+            c["transfer"] for c in session)
+        assert int(spare) == suite_plan.SESSION_S - budgeted >= suite_plan.MARGIN_S
+    assert "all sessions: 3, " in output and "(each fits its 15 min)" in output
     assert "One GPU gives the multi-GPU code no coverage" in output and "--plan --gpus 4" in output
     # Room kept for what the ladder and the tests will have: the prefetch rung, the prefetch tests, cuDNN's autotuning.
     assert "device prefetch" in output and "tests/test_gpu_prefetch.py" in output and "cudnn_autotune" in output
+
+
+def test_a_session_that_cannot_fit_is_reported(monkeypatch, capsys):
+    monkeypatch.setattr(suite_plan, "SESSION_S", 780)  # session 1 needs 825 s if every command used its budget
+    assert suite_plan.main([]) == 1
+    output = capsys.readouterr().out
+    assert re.search(r"^session 1: .*\(DOES NOT FIT\)\.$", output, flags=re.M)
+    assert re.search(r"^session 2: .*\(fits, with \d+ s to spare\)\.$", output, flags=re.M)
+    assert "all sessions: 3, " in output and output.rstrip().endswith("(DOES NOT FIT).")
 
 
 def test_the_multi_gpu_plan_is_ready_to_paste():
@@ -75,7 +99,9 @@ def test_the_multi_gpu_plan_is_ready_to_paste():
     assert [command.rsplit("gpu_suite.sh ", 1)[1] for *_, command in commands] == ["preflight", "multi-gpu", "scaling"]
     for run in ("ddp", "fsdp", "domain", "graph-ddp"):
         assert f"step {run}:" in output
-    assert "on 4 GPU(s)" in output and "DALI wheels" not in output
+    assert "on 4 GPU(s)" in output and "1 session(s)" in output
+    assert "DALI, part" not in output and "pack_dali" not in output
+    assert re.search(r"^session 1: .*\(fits, with \d+ s to spare\)\.$", output, flags=re.M)
 
 
 def test_the_script_enforces_the_plans_budgets_and_runs_what_it_prices():
