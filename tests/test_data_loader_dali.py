@@ -42,6 +42,12 @@ def h5_with_npy(data_files, tmp_path_factory):
     return paths
 
 
+# The native loaders compared with DALI's load in this process (num_data_workers=0): forking loader
+# workers from a process that runs DALI's threads can crash the child (a segfault in a worker, seen on
+# a fresh clone's make test, 2026-11-26), and the workers change nothing in the values compared.
+IN_PROCESS = {"num_data_workers": 0}
+
+
 def make_params(files, **changes):
     params = YParams("config/UNet.yaml", "test")
     params.update({"train_path": files["train"], "val_path": files["valid"],
@@ -91,8 +97,9 @@ def test_batches_equal_the_native_loaders_epoch_after_epoch(h5_with_npy):
     # samples in batches of 4 leave a partial batch.
     changes = {"crop_size": 16, "Nsamples_val": 6}
     dali = get_data_loader_distributed(make_params(h5_with_npy, **changes), 0, None)
-    native_params = make_params(h5_with_npy, data_loader_config="inmem", **changes)
+    native_params = make_params(h5_with_npy, data_loader_config="inmem", **changes, **IN_PROCESS)
     native = get_data_loader_distributed(native_params, 0, None)
+    assert native[0].num_workers == native[1].num_workers == 0  # nothing forked beside DALI's threads
     for which in (0, 1):  # training, then validation
         assert len(dali[which]) == len(native[which]) and dali[which].batch_size == native[which].batch_size
         for epoch in (0, 1, 2):  # the pipeline is reused from one epoch to the next
@@ -110,7 +117,8 @@ def test_on_the_gpu_the_batches_are_the_native_loaders_and_stay_valid(h5_with_np
     """Augmentation on the GPU, zero-copy into torch: a whole epoch's batches held, then compared."""
     changes = {"crop_size": 16, "Nsamples_val": 6}
     dali = get_data_loader_distributed(make_params(h5_with_npy, **changes), 0, torch.device("cuda"))
-    native = get_data_loader_distributed(make_params(h5_with_npy, data_loader_config="inmem", **changes), 0, None)
+    native = get_data_loader_distributed(make_params(h5_with_npy, data_loader_config="inmem", **changes, **IN_PROCESS),
+                                         0, None)
     for which in (0, 1):
         for epoch in (0, 1):
             ours, theirs = epoch_batches(dali[which], epoch), epoch_batches(native[which], epoch)
@@ -204,7 +212,7 @@ def test_the_blocks_of_a_domain_group_make_up_the_undivided_sample(h5_with_npy, 
     # Crop 16 so that validation crops vary too (the validation box has side 32); 48 samples so that
     # many elements occur, reflections and permutations among them.
     params = make_params(h5_with_npy, crop_size=16, Nsamples=48, global_batch_size=8, Nsamples_val=6)
-    native_params = make_params(h5_with_npy, data_loader_config="lowmem", num_data_workers=0, crop_size=16,
+    native_params = make_params(h5_with_npy, data_loader_config="lowmem", **IN_PROCESS, crop_size=16,
                                 Nsamples=48, global_batch_size=8, Nsamples_val=6)
     whole = get_data_loaders(params, 0, 1)
     elements = {whole[0].spec.draw(key)[1] for key in whole[0].keys(1)}
@@ -235,8 +243,8 @@ def test_on_the_gpu_each_block_is_the_native_loaders(h5_with_npy):
     changes = {"crop_size": 16, "Nsamples": 48, "global_batch_size": 8, "Nsamples_val": 6}
     for block in mesh_blocks((1, 2, 2), 16):
         dali = get_data_loader_distributed(make_params(h5_with_npy, **changes), 0, torch.device("cuda"), block=block)
-        native = get_data_loader_distributed(make_params(h5_with_npy, data_loader_config="inmem", **changes), 0,
-                                             None, block=block)
+        native = get_data_loader_distributed(make_params(h5_with_npy, data_loader_config="inmem", **changes,
+                                                         **IN_PROCESS), 0, None, block=block)
         for which in (0, 1):
             ours, theirs = epoch_batches(dali[which], 1), epoch_batches(native[which], 1)
             assert len(ours) == len(theirs) and all(x.device.type == "cuda" for x, _ in ours)
