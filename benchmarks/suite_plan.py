@@ -3,7 +3,7 @@
     benchmarks/gpu_suite.sh --plan             # = python -m benchmarks.suite_plan --limit 540
     benchmarks/gpu_suite.sh --plan --gpus 4    # the multi-GPU checks, for a machine with 4 GPUs
 
-Runs anywhere, no GPU needed. A task is lent a GPU machine only sometimes, and then for 15 minutes
+Runs anywhere, no GPU needed. A session on a GPU machine has 15 minutes
 of device time in all (:data:`SESSION_S`): the machine's start (1-2 minutes), every command (10
 minutes at most), the transfers, and the 30 s of idle after the last command, when the machine goes
 back. So the plan is sessions, each a lease of its own on a machine that starts bare, the most
@@ -319,8 +319,8 @@ def main(argv=None):
     print(f"GPU suite plan for a machine with {args.gpus} GPU(s): {len(commands)} commands in {len(sessions)} "
           f"session(s), the most valuable first. A session is a lease of its own, on a machine that starts bare, "
           f"with {SESSION_S // 60} min of device time for the machine's start, its commands, their transfers and "
-          f"the idle {IDLE_S} s after its last command; a task is lent a machine only sometimes, so a session may "
-          "be a later task's. A session's commands are sent back to back (each within 30 s of the last, or the "
+          f"the idle {IDLE_S} s after its last command; sessions may be days apart. A session's commands are "
+          "sent back to back (each within 30 s of the last, or the "
           "machine and what it holds are gone). Each command stands on its own: it installs the small wheels it "
           "carries, reads nothing an earlier command left on the machine" + " but DALI's gathered parts" * dali
           + ", and its results come back from $OUT (the archives gpu_suite_<stage>.tgz). Estimates: the original "
