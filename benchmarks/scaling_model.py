@@ -25,16 +25,19 @@ The buckets are DDP's own assignment (``torch.distributed._compute_bucket_assign
 U-Net's real parameters, in the order their gradients become ready, which hooks record during a real
 backward pass together with the share of the backward FLOPs done at that moment. Each bucket's
 all-reduce across nodes starts when its last gradient is ready and the one before it is done, and
-costs what a ring costs: 2(N-1)/N x bytes / bus bandwidth + 2(N-1) steps, each waiting one hop.
+costs what a ring costs: 2(N-1)/N x bytes / bus bandwidth + 2(N-1) steps, each waiting one hop: of them
+2(nodes-1) cross the network and the rest NVLink (NCCL's own count).
 
 Two terms are fitted to the original's final curves (NERSC/sc22-dl-tutorial commit 2074095, read off
 its plots by benchmarks/read_scaling_plots.py into benchmarks/sc22_scaling_points.json): the share of
-Slingshot's bandwidth the all-reduce reached, to the real-data run at 32 nodes, and the cost of one
-ring step across the network, to the synthetic run at 32 nodes. Two published points are inputs: one
-GPU's compute (the synthetic --noddp run) and one GPU's loader (the loader-alone ideal line); so is
-one measurement of this code: the share of a step's compute paid once per step whatever the batch
-(PER_STEP_SHARE, from one H100's ladder at batch 64 and 8), which sets the compute at other local
-batches. Every other published point is predicted; ``--check`` lists them.
+Slingshot's bandwidth that the all-reduce's bytes reached in a job of up to 8 nodes, to the real-data
+run at 8 nodes, and in a job of 16 nodes or more, to the real-data run at 32 nodes (the published points
+put a step between the two; what causes it is not measured). The ring's latency is not fitted: it is
+NCCL's own cost model (its src/graph/tuning.cc). Two published points are inputs: one GPU's compute (the
+synthetic --noddp run) and one GPU's loader (the loader-alone ideal line); so is one measurement of this
+code: the share of a step's compute paid once per step whatever the batch (PER_STEP_SHARE, from one
+H100's ladder at batch 64 and 8), which sets the compute at other local batches. Every other published
+point is predicted; ``--check`` lists them.
 """
 import argparse
 import dataclasses
@@ -91,14 +94,16 @@ class Machine:
     #                              runs beside its compute (nothing charged to DDP's work on the GPU)
     ring_only: bool = False      # across nodes a ring only (the fitted model); else the faster of ring and tree
     loader_shares_network: bool = False  # the loader reads over the network cards the all-reduce uses
+    small_job_nodes: int = 0     # a job of at most this many nodes reaches small_job_network_bw between nodes
+    small_job_network_bw: float = None  # (None: every job node_network_bw)
 
 
 # Perlmutter's GPU node (https://docs.nersc.gov/systems/perlmutter/architecture/): 4 A100-SXM4-40GB
 # joined by NVLink 3 (12 links of 25 GB/s per direction per GPU: 300 GB/s; 1555 GB/s of HBM2: NVIDIA A100
 # datasheet) and 4 HPE Slingshot 11 NICs of 200 Gb/s (25 GB/s) each: 100 GB/s per node; its Lustre file
 # system (/pscratch) is reached over the same Slingshot network. Latencies: NCCL's own cost model
-# (nccl/src/graph/tuning.cc, the Simple protocol): 3.4 us per NVLink hop, 14 us per network hop, 8.4 us
-# per call (the fit replaces the network hop's). Loader: the original's final loader-alone curve, its
+# (nccl/src/graph/tuning.cc, the Simple protocol's ring): 3.4 us per NVLink hop, 14 us per network hop,
+# 8.4 us per call; NCCL counts 2(nodes-1) of a ring all-reduce's 2(N-1) steps as network hops. Loader: the original's final loader-alone curve, its
 # ideal line's 1-node point per GPU (4 loaders per node share the node's CPUs and file system: one
 # A100's alone reached 937 samples/s in the original's benchy IO trial).
 NCCL_LATENCY = {"intra_latency": 3.4e-6, "inter_latency": 14e-6, "call_latency": 8.4e-6}
@@ -255,20 +260,29 @@ def buckets(network, bucket_cap_mb=25.0, first_bucket_mb=1.0):
             for indices in assignment]
 
 
+def network_bandwidth(machine, nodes):
+    """GB/s between the nodes of a job of ``nodes`` nodes, per node: small_job_network_bw up to
+    small_job_nodes, else node_network_bw."""
+    small = machine.small_job_network_bw is not None and nodes <= machine.small_job_nodes
+    return machine.small_job_network_bw if small else machine.node_network_bw
+
+
 def allreduce_time(size, gpus, machine, bandwidth_only=False):
     """An all-reduce of ``size`` bytes over ``gpus`` GPUs: within a node over NVLink, across nodes over
-    the node's network cards; a ring (2(N-1)/N x bytes / bus bandwidth + 2(N-1) hops) or, unless the
-    machine is ``ring_only``, a tree (2 x bytes / bus bandwidth + 2 log2(nodes) network hops) where that
-    is faster (NCCL's own model). ``bandwidth_only``: the time its bytes hold the links, no latency."""
+    the node's network cards; a ring (2(N-1)/N x bytes / bus bandwidth + 2(N-1) steps, of which
+    2(nodes-1) wait a network hop and the rest an NVLink hop, as NCCL counts them) or, unless the machine
+    is ``ring_only``, a tree (2 x bytes / bus bandwidth + 2 log2(nodes) network hops) where that is
+    faster (NCCL's own model). ``bandwidth_only``: the time its bytes hold the links, no latency."""
     if gpus == 1:
         return 0.0
     nodes = math.ceil(gpus / machine.gpus_per_node)
     per_node = min(gpus, machine.gpus_per_node)
-    bandwidth = 1e9 * (machine.nvlink_bw if nodes == 1 else min(machine.nvlink_bw, machine.node_network_bw))
+    bandwidth = 1e9 * (machine.nvlink_bw if nodes == 1 else min(machine.nvlink_bw, network_bandwidth(machine, nodes)))
     if bandwidth_only:
         return 2 * (gpus - 1) / gpus * size / bandwidth
-    hop = machine.intra_latency if nodes == 1 else machine.inter_latency
-    ring = 2 * (gpus - 1) / gpus * size / bandwidth + 2 * (gpus - 1) * hop
+    steps, network_steps = 2 * (gpus - 1), 2 * (nodes - 1)
+    ring = 2 * (gpus - 1) / gpus * size / bandwidth + (steps - network_steps) * machine.intra_latency \
+        + network_steps * machine.inter_latency
     tree = 2 * size / bandwidth + 2 * ((per_node - 1) * machine.intra_latency
                                        + math.log2(nodes) * machine.inter_latency)
     return machine.call_latency + (ring if machine.ring_only and nodes > 1 else min(ring, tree))
@@ -301,7 +315,8 @@ def broadcast_time(size, gpus, machine):
     (DDP skips the call, as for the U-Net), else a tree's log2(N) hops and the bytes once."""
     if gpus == 1 or size == 0:
         return 0.0
-    bandwidth = 1e9 * (machine.nvlink_bw if gpus <= machine.gpus_per_node else machine.node_network_bw)
+    nodes = math.ceil(gpus / machine.gpus_per_node)
+    bandwidth = 1e9 * (machine.nvlink_bw if nodes == 1 else network_bandwidth(machine, nodes))
     return size / bandwidth + math.log2(gpus) * machine.inter_latency
 
 
@@ -389,11 +404,20 @@ def solve(function, target, low, high, steps=60):
     return (low + high) / 2
 
 
-def fitted_machine(share, hop, machine=PERLMUTTER):
-    """``machine`` with its network at ``share`` of the datasheet's bandwidth and ``hop`` s per ring step
-    across nodes (a ring: the fitted form)."""
-    return dataclasses.replace(machine, node_network_bw=machine.node_network_bw * share, inter_latency=hop,
-                               ring_only=True)
+# The published points put a step in the network's bandwidth between 8 and 16 nodes (the real-data runs
+# and the earlier README's 2-node row ask for about 80% of the datasheet up to 8 nodes, about 65% from 16);
+# the model puts it after the last node count below it.
+SMALL_JOB_NODES = 8
+
+
+def fitted_machine(small, large, machine=PERLMUTTER, hop=None):
+    """``machine`` with its network at ``small`` of the datasheet's bandwidth in a job of up to
+    SMALL_JOB_NODES nodes and ``large`` in a larger one, a ring across nodes (the fitted form), and
+    ``hop`` s per network hop of the ring (None: NCCL's own, the machine's)."""
+    return dataclasses.replace(machine, node_network_bw=machine.node_network_bw * large, ring_only=True,
+                               small_job_nodes=SMALL_JOB_NODES,
+                               small_job_network_bw=machine.node_network_bw * small,
+                               inter_latency=machine.inter_latency if hop is None else hop)
 
 
 def curve_model(curve, nodes, machine, rate=A100_RATE, local_batch=64):
@@ -410,25 +434,35 @@ def curve_model(curve, nodes, machine, rate=A100_RATE, local_batch=64):
 
 
 @functools.lru_cache(maxsize=None)
-def fit(real_nodes=32, synthetic_nodes=32):
+def fit(small_nodes=8, large_nodes=32):
     """The two fitted terms: the share of Slingshot's 100 GB/s per node that the all-reduce's bytes
-    reached, to the real-data run at ``real_nodes`` (there the step is the loader's time plus the time
-    the all-reduce's bytes hold the network), and the cost of one ring step across the network, to the
-    synthetic run at ``synthetic_nodes`` (its exposed all-reduce). Each hardly moves the other's point;
-    three rounds settle both."""
-    share, hop = 1.0, PERLMUTTER.inter_latency
-    for _ in range(3):
-        share = solve(lambda s: curve_model("real", real_nodes, fitted_machine(s, hop)),
-                      CURVES["real"][real_nodes], 0.05, 4.0)
-        hop = solve(lambda h: curve_model("synthetic", synthetic_nodes, fitted_machine(share, h)),
-                    CURVES["synthetic"][synthetic_nodes], 0.0, 200e-6)
-    return share, hop
+    reached in a job of up to SMALL_JOB_NODES nodes, to the real-data run at ``small_nodes``, and in a
+    larger job, to the real-data run at ``large_nodes``. There the step is the loader's time plus the
+    time the all-reduce's bytes hold the network; each share sets its own point alone."""
+    small = solve(lambda s: curve_model("real", small_nodes, fitted_machine(s, 1.0)),
+                  CURVES["real"][small_nodes], 0.05, 4.0)
+    large = solve(lambda s: curve_model("real", large_nodes, fitted_machine(small, s)),
+                  CURVES["real"][large_nodes], 0.05, 4.0)
+    return small, large
 
 
-# The fits that the published points allow: the share from the real-data run at 8, 16 or 32 nodes, the
-# ring step from the synthetic run at 16 or 32 (at 8 nodes and fewer the synthetic run hides its
-# all-reduce, which says only that the step is short enough). The knob tables give the range over them.
-FIT_POINTS = [(r, s) for r in (8, 16, 32) for s in (16, 32)]
+@functools.lru_cache(maxsize=None)
+def hop_to(curve="synthetic", nodes=16):
+    """The network hop that would make the model meet ``curve`` at ``nodes``, NCCL's own hop being
+    what the model uses: the one published point it misses by more than its reading error asks for
+    this, and the knob tables carry it as the other end of their ranges."""
+    small, large = fit()
+    return solve(lambda h: curve_model(curve, nodes, fitted_machine(small, large, hop=h)),
+                 CURVES[curve][nodes], 0.0, 500e-6)
+
+
+def range_machines(base=PERLMUTTER):
+    """The networks the published points allow, for the knob tables' ranges (at 32 nodes only the
+    larger jobs' share counts): that share fitted to the real-data run at 16 or at 32 nodes, and the
+    network hop NCCL's own or hop_to()'s."""
+    small = fit()[0]
+    return [fitted_machine(small, fit(8, nodes)[1], base, hop) for nodes in (16, 32) for hop in (None, hop_to())]
+
 
 # What the original published besides the curves: its final README's text (32 nodes, local batch 64) and
 # its earlier README's multi-GPU rows (local batch 16, --bucket_cap_mb 100, --disable_broadcast_buffers),
@@ -436,16 +470,15 @@ FIT_POINTS = [(r, s) for r in (8, 16, 32) for s in (16, 32)]
 TEXT = {"efficiency_real": 0.84, "comm_overhead_real": 0.12}
 ROWS_16 = {4: 2059.1, 8: 3588.4}
 TERMS = {("synthetic_noddp", 32): "input: one GPU's compute", ("loader_ideal", 32): "input: one GPU's loader",
-         ("real", 32): "fitted: the network's bandwidth share", ("synthetic", 32): "fitted: one ring step's cost"}
+         ("real", 8): "fitted: the network's share, up to 8 nodes",
+         ("real", 32): "fitted: the network's share, 16 nodes and more"}
 
 
-def check_rows(share=None, hop=None):
+def check_rows(shares=None):
     """Every published point of the final curves (and the text's and the earlier rows' numbers) with
     the model's value: dicts with curve, nodes, published, model, fitted, term, error (relative for
     samples/s, in points for the ratios), reading (the reading error, relative)."""
-    if share is None:
-        share, hop = fit()
-    machine = fitted_machine(share, hop)
+    machine = fitted_machine(*(shares or fit()))
     rows = []
 
     def add(curve, nodes, published, model, ratio=False, reading=None):
@@ -528,14 +561,13 @@ def knob_settings():
 
 
 def knob_table(machine_name="perlmutter", network=None):
-    """Each knob's efficiency at 32 nodes as a range: over the fits the published points allow (the
-    network's share and ring step), at one GPU's compute rate (ONE_GPU_RATE).
+    """Each knob's efficiency at 32 nodes as a range: over the networks the published points allow
+    (range_machines), at one GPU's compute rate (ONE_GPU_RATE).
     With ``network`` (a measured Machine) the one network given. Each knob alone best first (by real
     data), then the best combination. Rows: (name, (real low, real high), (synthetic low, high))."""
     base = MACHINES[machine_name]
     rates = [ONE_GPU_RATE[machine_name]]
-    machines = [network] if network else \
-        [fitted_machine(*fit(r, s), base) for r, s in FIT_POINTS]
+    machines = [network] if network else range_machines(base)
     rows = []
     for name, knob in knob_settings():
         values = [knob_efficiency(m, rate, knob) for m in machines for rate in rates]
@@ -569,7 +601,7 @@ def network_profile(path, base=PERLMUTTER):
     """``base`` with its network measured: a machine profile written by benchmarks.allreduce (keys
     backend, world_size, nodes, latency_us, busbw_GBps). Its bus bandwidth replaces the datasheet's
     (across nodes if it was measured across nodes, else NVLink's), and its latency, the time of a small
-    all-reduce over world_size ranks, is spread over a ring's 2(N-1) steps."""
+    all-reduce over world_size ranks, is spread evenly over a ring's 2(N-1) steps."""
     with open(path) as f:
         profile = json.load(f)
     missing = [key for key in ("world_size", "nodes", "latency_us", "busbw_GBps") if key not in profile]
@@ -580,22 +612,20 @@ def network_profile(path, base=PERLMUTTER):
     name = f"{base.name}, network measured ({profile.get('backend', '?')}, {ranks} ranks on {profile['nodes']} nodes)"
     if profile["nodes"] > 1:
         return dataclasses.replace(base, name=name, node_network_bw=float(profile["busbw_GBps"]),
-                                   inter_latency=hop, ring_only=True, source=path)
+                                   intra_latency=hop, inter_latency=hop, ring_only=True, source=path)
     return dataclasses.replace(base, name=name, nvlink_bw=float(profile["busbw_GBps"]), intra_latency=hop,
                                source=path)
 
 
 def resolve_machine(name, network_share="fitted", network=None):
     """A named machine: its network measured (``network``, a profile's path), at ``network_share`` of
-    its datasheet, or ("fitted") at the share and ring step fitted to the original's 32-node runs (on
-    another machine than Perlmutter an assumption). Returns the machine and the share used (None when
-    measured)."""
+    its datasheet, or ("fitted") at the shares fitted to the original's real-data runs (on another
+    machine than Perlmutter an assumption). Returns the machine and the shares used, up to
+    SMALL_JOB_NODES nodes and beyond (None when measured)."""
     if network:
         return network_profile(network, MACHINES[name]), None
-    share, hop = fit()
-    if network_share != "fitted":
-        share = float(network_share)
-    return fitted_machine(share, hop, MACHINES[name]), share
+    shares = fit() if network_share == "fitted" else (float(network_share),) * 2
+    return fitted_machine(*shares, MACHINES[name]), shares
 
 
 def percent(value):
@@ -743,11 +773,11 @@ def cpu_markdown(check):
     return "\n".join(lines)
 
 
-def predicted_tables(share, hop):
+def predicted_tables(small, large):
     """bs64_opt's weak scaling on each machine, the network as fitted, to 32 nodes: as far as the fit
     reaches (beyond it the ring form is an extrapolation: NCCL may switch to its tree, whose latency
     grows with log2 of the nodes)."""
-    return {name: scaling_table(fitted_machine(share, hop, machine), 64, ONE_GPU_RATE[name],
+    return {name: scaling_table(fitted_machine(small, large, machine), 64, ONE_GPU_RATE[name],
                                 counts=[g for g in GPU_COUNTS if g <= 32 * machine.gpus_per_node])
             for name, machine in MACHINES.items()}
 
@@ -755,35 +785,40 @@ def predicted_tables(share, hop):
 def report(out_dir, image=None):
     """Everything the README quotes, one markdown table per file in ``out_dir`` (check.md, cpu.md,
     perlmutter.md, h100.md, knobs-*.md) and all of it in report.json; and the plot (``image``)."""
-    share, hop = fit()
-    rows = check_rows(share, hop)
-    fits = {f"{r}/{s}": fit(r, s) for r, s in FIT_POINTS}
-    machines = {"perlmutter": fitted_machine(share, hop), "h100": fitted_machine(share, hop, H100)}
-    tables = predicted_tables(share, hop)
+    small, large = fit()
+    rows = check_rows((small, large))
+    larges = {f"real {nodes}": fit(8, nodes)[1] for nodes in (16, 32)}
+    hop, hop16 = PERLMUTTER.inter_latency, hop_to()
+    machines = {"perlmutter": fitted_machine(small, large), "h100": fitted_machine(small, large, H100)}
+    tables = predicted_tables(small, large)
     knobs = {name: knob_table(name) for name in machines}
     cpu = cpu_check()
-    result = {"command": "python -m benchmarks.scaling_model --report", "network_share": share, "ring_step_s": hop,
-              "fits": {key: {"network_share": s, "ring_step_s": h} for key, (s, h) in fits.items()},
+    result = {"command": "python -m benchmarks.scaling_model --report", "network_share_small": small,
+              "network_share": large, "small_job_nodes": SMALL_JOB_NODES, "network_hop_s": hop,
+              "network_hop_for_synthetic_16_s": hop16,
+              "large_share_fits": larges,
               "one_gpu_rate": A100_RATE, "loader_rate": PERLMUTTER.loader_rate, "reading_error": READING_ERROR,
               "check": rows, "cpu": cpu, "tables": tables,
               "knobs": {name: [{"knobs": k, "real": list(r), "synthetic": list(s)} for k, r, s in ranked]
                         for name, ranked in knobs.items()}}
     made = ("Made by `python -m benchmarks.scaling_model --report`: a computation from published and "
             "committed numbers, the same on any machine.")
-    shares = [s for s, _ in fits.values()]
-    hops = [h for _, h in fits.values()]
-    network = (f"the network at {percent(share)} of Slingshot 11's 100 GB/s per node and {1e6 * hop:.1f} us per ring "
-               f"step (fitted to the 32-node runs; the fits to the 8- and 16-node runs give {whole(min(shares), max(shares))} "
-               f"and {1e6 * min(hops):.1f}-{1e6 * max(hops):.1f} us)")
+    shares = whole(min(larges.values()), max(larges.values()))
+    network = (f"the network at {percent(small)} of Slingshot 11's 100 GB/s per node up to {SMALL_JOB_NODES} nodes and "
+               f"{percent(large)} from 16 (fitted to the real-data runs at 8 and 32 nodes), {1e6 * hop:.0f} us per "
+               "network hop of the ring (NCCL's own cost model)")
+    fitted = (f"Fitted: the share of Slingshot 11's 100 GB/s per node that the all-reduce's bytes reached, "
+              f"{percent(small)} up to {SMALL_JOB_NODES} nodes and {percent(large)} from 16. Not fitted: the ring's "
+              f"latency, NCCL's own cost model ({1e6 * hop:.0f} us per network hop, "
+              f"{1e6 * PERLMUTTER.intra_latency:.1f} per NVLink hop, {1e6 * PERLMUTTER.call_latency:.1f} per call); "
+              f"the synthetic run at 16 nodes would need {1e6 * hop16:.0f} us per network hop.")
     texts = {
         "check": (f"# The model against the original tutorial's final scaling curves\n\n{made} The published points "
                   "are read off the original's plots (NERSC/sc22-dl-tutorial commit 2074095, 2022-11-12) by "
                   "`python -m benchmarks.read_scaling_plots`, into `benchmarks/sc22_scaling_points.json`; "
                   f"reading error ±{READING_ERROR:.0f} samples/s.\n\n{check_markdown(rows)}\n\n"
                   f"Inputs: one A100 computes {A100_RATE:.0f} samples/s (synthetic --noddp), its loader delivers "
-                  f"{PERLMUTTER.loader_rate:.0f} (the loader-alone ideal line). Fitted: the share of Slingshot 11's "
-                  f"100 GB/s per node that the all-reduce's bytes reached, {percent(share)}; one ring step across "
-                  f"the network, {1e6 * hop:.1f} us.\n"),
+                  f"{PERLMUTTER.loader_rate:.0f} (the loader-alone ideal line). {fitted}\n"),
         "cpu": (f"# The model against this project's CPU measurements\n\n{made} The step times are "
                 f"[{CPU_SCALING}](../{CPU_SCALING}/README.md)'s; the gloo profiles are "
                 "[two-ranks-one-machine](../allreduce/two-ranks-one-machine.md) and "
@@ -795,19 +830,19 @@ def report(out_dir, image=None):
                  f"H100 computing {H100_RATE:.1f} samples/s (this code's, measured: the SYNTHETIC trial of the ladder's "
                  f"'{H100_RUNG}' rung in benchmarks/results/{os.path.basename(H100_RESULTS)}; "
                  f"{H100_RATE / A100_RATE:.2f} times the original's A100 at {A100_RATE:.0f}), its loader "
-                 f"bound at the A100's 937 samples/s, the network at Perlmutter's fitted share of its datasheet "
-                 f"and ring step (an assumption).\n\n" + scaling_markdown(tables["h100"]) + "\n"),
+                 f"bound at the A100's 937 samples/s, the network at Perlmutter's fitted shares of its datasheet "
+                 f"(an assumption) and NCCL's latencies.\n\n" + scaling_markdown(tables["h100"]) + "\n"),
     }
     for name, ranked in knobs.items():
         gpus = 32 * machines[name].gpus_per_node
         extra = "" if name == "perlmutter" else \
             f"; one H100 computing {H100_RATE:.1f} samples/s (measured with this code)"
         texts[f"knobs-{name}"] = (f"# The knobs at 32 nodes ({gpus} GPUs): {machines[name].name}\n\n{made} Weak-scaling "
-                                  "efficiency against as many GPUs alone, in whole percent; a range where the fits "
-                                  "the published points allow (the network's share from the real-data run at 8, 16 "
-                                  f"or 32 nodes: {whole(min(shares), max(shares))} of the datasheet's bandwidth; "
-                                  "the ring step from the synthetic run at 16 or 32) give different values"
-                                  f"{extra}.\n\n" + knobs_markdown(ranked) + "\n")
+                                  "efficiency against as many GPUs alone, in whole percent; a range where the "
+                                  "networks the published points allow give different values (the share from the "
+                                  f"real-data run at 16 or at 32 nodes: {shares} of the datasheet's bandwidth; the "
+                                  f"network hop NCCL's {1e6 * hop:.0f} us or the {1e6 * hop16:.0f} us the synthetic run "
+                                  f"at 16 nodes asks for){extra}.\n\n" + knobs_markdown(ranked) + "\n")
     os.makedirs(out_dir, exist_ok=True)
     for name, text in texts.items():
         with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
@@ -843,7 +878,7 @@ def main(argv=None):
     parser.add_argument("--disable_broadcast_buffers", action="store_true")
     parser.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp")
     parser.add_argument("--network_share", default="fitted", help="the share of the datasheet's network "
-                        "bandwidth reached, a number or 'fitted' (to the original's 32-node runs)")
+                        "bandwidth reached, a number or 'fitted' (to the original's real-data runs at 8 and 32 nodes)")
     parser.add_argument("--network", help="a machine profile measured by benchmarks.allreduce (JSON with "
                         "latency_us and busbw_GBps): the network as measured, in place of the datasheet")
     parser.add_argument("--check", action="store_true", help="print every published point with the model's value")
@@ -882,8 +917,8 @@ def main(argv=None):
     # A rate given on the command line is at this local batch; the default ones are at RATE_BATCH.
     rate_batch = args.local_batch_size if args.one_gpu_rate else RATE_BATCH
     rows = scaling_table(machine, args.local_batch_size, rate, rate_batch=rate_batch, **options)
-    network = f"the network at {percent(share)} of its datasheet bandwidth" if share is not None else \
-        f"the network measured ({machine.source})"
+    network = f"the network at {percent(share[0])} of its datasheet bandwidth up to {SMALL_JOB_NODES} nodes and " \
+        f"{percent(share[1])} beyond" if share is not None else f"the network measured ({machine.source})"
     print(f"{machine.name}: one GPU computing {rate:.0f} samples/s, {network}; local batch {args.local_batch_size}, "
           + " ".join(f"{k}={v}" for k, v in options.items()) + "\n")
     print(scaling_markdown(rows))

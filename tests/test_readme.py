@@ -748,12 +748,37 @@ def test_scaling_model_prose_is_that_of_its_report():
     assert f"±{report['reading_error']:.0f} samples/s" in text
     assert f"one A100 computes {report['one_gpu_rate']:.0f} samples/s" in text
     assert f"its loader delivers {report['loader_rate']:.0f}" in text
-    assert f"reached {100 * report['network_share']:.1f}% of Slingshot 11's 100 GB/s per node" in text
-    assert f"a ring step across the network cost {1e6 * report['ring_step_s']:.1f} us" in text
-    shares = [f["network_share"] for f in report["fits"].values()]
-    steps = [1e6 * f["ring_step_s"] for f in report["fits"].values()]
-    assert f"{100 * min(shares):.0f}% to {100 * max(shares):.0f}% of the datasheet's" in text
-    assert f"{min(steps):.1f} to {max(steps):.1f} us" in text
+    small, large = report["network_share_small"], report["network_share"]
+    assert f"reached {100 * small:.1f}% of Slingshot 11's 100 GB/s per node in a job of up to " \
+           f"{report['small_job_nodes']} nodes and {100 * large:.1f}% from 16 nodes" in text
+    larges = report["large_share_fits"].values()
+    assert f"{100 * min(larges):.0f}% to {100 * max(larges):.0f}% of the datasheet's" in text
+    hop16 = 1e6 * report["network_hop_for_synthetic_16_s"]
+    assert f"a network hop of {hop16:.0f} us, more than twice NCCL's {1e6 * report['network_hop_s']:.0f}" in text
+    assert f"or the {hop16:.0f} us the synthetic run at 16 nodes asks for" in text
+    assert f"network hop ({1e6 * model.PERLMUTTER.inter_latency:.0f} us) and the rest an NVLink hop " \
+           f"({1e6 * model.PERLMUTTER.intra_latency:.1f} us), plus {1e6 * model.PERLMUTTER.call_latency:.1f} us" in text
+    fitted = model.fitted_machine(small, large)
+    assert f"At 32 nodes that is {1e3 * model.allreduce_time(0, 128, fitted):.1f} ms per all-reduce" in text
+    busy = {n: 1e3 * (model.step_time(fitted, 4 * n, 64, report["one_gpu_rate"], rate_batch=64).loader
+                      - 64 / fitted.loader_rate) for n in (8, 16, 32)}
+    assert f"{busy[8]:.1f} ms at 8 nodes, {busy[16]:.1f} at 16 and {busy[32]:.1f} at 32" in text
+    one = model.fitted_machine(large, large)  # one share for every job
+    eight = model.curve_model("real", 8, one) / model.CURVES["real"][8] - 1
+    row = model.step_time(one, 8, 16, report["one_gpu_rate"], bucket_cap_mb=100, broadcast_buffers=False,
+                          rate_batch=64).samples_per_s / model.ROWS_16[8] - 1
+    assert f"misses the 8-node run by {100 * eight:+.1f}% and the earlier README's 2-node row by {100 * row:+.1f}%" in text
+    assert f"comes out at {100 * rows[('8_gpus_local_batch_16', 2)]['error']:+.1f}% and the 16-node run at " \
+           f"{100 * rows[('real', 16)]['error']:+.1f}%" in text
+    slow = model.fitted_machine(small, large, hop=report["network_hop_for_synthetic_16_s"])
+    low = model.curve_model("synthetic", 32, slow) / model.CURVES["synthetic"][32] - 1
+    assert f"would then put the 32-node run {-100 * low:.1f}% low" in text
+    exposed = {n: next(r for r in report["tables"]["perlmutter"] if r["nodes"] == n)["exposed_ms"] for n in (16, 32)}
+    assert f"{exposed[16]:.1f} ms at 16 nodes, {exposed[32]:.1f} at 32" in text
+    assert f"(+{100 * rows[('synthetic', 32)]['error']:.1f}%, twice its reading error)" in text
+    per_node = [model.CURVES["real_noddp"][n] / n for n in (8, 16, 32)]
+    assert "deliver {:.0f}, {:.0f} and {:.0f} samples/s per node".format(*per_node) in text
+    assert f"{100 * (max(per_node) / min(per_node) - 1):.1f}% apart" in text
     network = model.unet()
     total = sum(g.bytes for g in network.gradients)
     ready = sum(g.bytes for g in network.gradients if 0.66 <= g.ready <= 0.74) / total
@@ -762,7 +787,7 @@ def test_scaling_model_prose_is_that_of_its_report():
     assert f"{100 * ready:.0f}% of the gradient bytes become ready between 66% and 74%" in text
     assert f"about {before:.0f} MiB before and {after:.0f} MiB after" in text
     assert f"{total / 1e6:.0f} MB of fp32 gradients" in text
-    machine = model.fitted_machine(report["network_share"], report["ring_step_s"])
+    machine = model.fitted_machine(small, large)
     step = model.step_time(machine, 128, 64, report["one_gpu_rate"])
     assert f"{1e3 * step.ddp_gpu:.1f} ms per step that the backward pass does not hide" in text
     slower = 1 - model.CURVES["synthetic"][1] / (model.CURVES["synthetic_noddp"][32] / 32)
@@ -770,8 +795,9 @@ def test_scaling_model_prose_is_that_of_its_report():
     apart = model.dataclasses.replace(machine, loader_shares_network=False)
     missed = model.curve_model("real", 8, apart) / model.CURVES["real"][8] - 1
     assert f"misses the real-data run at 8 nodes by {100 * missed:.0f}%" in text
-    busy = step.loader - 64 / machine.loader_rate
-    assert f"the loader's {1e3 * 64 / machine.loader_rate:.0f} ms plus the {1e3 * busy:.0f} ms" in text
+    two = model.step_time(machine, 8, 64, report["one_gpu_rate"])
+    assert f"the loader's {1e3 * 64 / machine.loader_rate:.0f} ms plus the " \
+           f"{1e3 * (two.loader - 64 / machine.loader_rate):.0f} to {1e3 * (step.loader - 64 / machine.loader_rate):.0f} ms" in text
     assert f"{model.CURVES['real'][32]:.0f} / {model.CURVES['loader_ideal'][32]:.0f} = " \
            f"{100 * model.CURVES['real'][32] / model.CURVES['loader_ideal'][32]:.1f}%" in text
     assert f"({100 * rows[('synthetic', 16)]['error']:+.1f}%)" in text

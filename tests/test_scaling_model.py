@@ -43,10 +43,24 @@ def test_a_ring_moves_2_n_minus_1_over_n_of_the_bytes():
 def test_latency_chooses_the_tree_for_many_small_messages():
     slow_hops = dataclasses.replace(FREE, intra_latency=1e-6, inter_latency=10e-6)
     assert model.allreduce_time(1.0, 4, slow_hops) == pytest.approx(2 * 3 * 1e-6)  # ring = tree in a node
-    # 256 GPUs on 64 nodes: the ring's 510 hops against the tree's 3 in the node and log2(64) between nodes.
+    # 256 GPUs on 64 nodes: the ring's 510 steps (126 across the network) against the tree's 3 in the node and
+    # log2(64) between nodes.
     assert model.allreduce_time(1.0, 256, slow_hops) == pytest.approx(2 * (3 * 1e-6 + 6 * 10e-6))
     per_call = dataclasses.replace(slow_hops, call_latency=8e-6)  # once per all-reduce, whatever the size
     assert model.allreduce_time(1.0, 256, per_call) == pytest.approx(8e-6 + 2 * (3 * 1e-6 + 6 * 10e-6))
+
+
+def test_a_rings_steps_are_counted_as_nccl_counts_them():
+    """NCCL's cost model: of a ring all-reduce's 2(N-1) steps, 2(nodes-1) wait a network hop and the
+    rest an NVLink hop; and a job of up to small_job_nodes nodes reaches its own bandwidth."""
+    hops = dataclasses.replace(FREE, intra_latency=1e-6, inter_latency=10e-6, ring_only=True)
+    assert model.allreduce_time(1.0, 8, hops) == pytest.approx(12 * 1e-6 + 2 * 10e-6)  # 2 nodes of 4
+    assert model.allreduce_time(1.0, 128, hops) == pytest.approx(192 * 1e-6 + 62 * 10e-6)  # 32 nodes
+    two = dataclasses.replace(SIMPLE, small_job_nodes=2, small_job_network_bw=20.0)
+    size = 400e6
+    assert model.allreduce_time(size, 8, two) == pytest.approx(2 * 7 / 8 * size / 20e9)  # 2 nodes: the small job's
+    assert model.allreduce_time(size, 12, two) == pytest.approx(2 * 11 / 12 * size / 10e9)  # 3 nodes: the rest's
+    assert model.network_bandwidth(SIMPLE, 2) == 10.0  # without a small job's bandwidth, one for all
 
 
 def test_overlap_hides_what_is_ready_early():
@@ -151,10 +165,10 @@ def test_the_buckets_are_those_of_a_real_ddp():
 # The largest error each predicted curve makes today (relative; points for the ratios): a change of the
 # model that makes any of them worse fails. Where a bound is wider than the reading error, the
 # README's scaling chapter says what the model misses there.
-TOLERANCE = {"real": 0.04, "synthetic": 0.051, "real_noddp": 0.025, "synthetic_noddp": 0.005, "loader": 0.025,
-             "comm_overhead_real": 0.033, "comm_overhead_synthetic": 0.047,
+TOLERANCE = {"real": 0.004, "synthetic": 0.056, "real_noddp": 0.025, "synthetic_noddp": 0.005, "loader": 0.025,
+             "comm_overhead_real": 0.017, "comm_overhead_synthetic": 0.053,
              "efficiency_real (README text)": 0.03, "comm_overhead_real (README text)": 0.012,
-             "4_gpus_local_batch_16": 0.005, "8_gpus_local_batch_16": 0.072}
+             "4_gpus_local_batch_16": 0.005, "8_gpus_local_batch_16": 0.007}
 
 
 def test_every_published_point_is_predicted_or_named_as_fitted():
@@ -172,8 +186,12 @@ def test_every_published_point_is_predicted_or_named_as_fitted():
     assert {"real", "synthetic", "real_noddp", "synthetic_noddp", "loader", "comm_overhead_real",
             "comm_overhead_synthetic", "4_gpus_local_batch_16", "8_gpus_local_batch_16"} <= predicted
     assert sorted(r["nodes"] for r in rows if r["curve"] == "synthetic") == [1, 8, 16, 32]  # what the plots show apart
-    share, hop = model.fit()
-    assert 0.5 < share < 0.8 and 1e-6 < hop < 14e-6  # below the datasheet; a ring step under NCCL's own 14 us
+    small, large = model.fit()
+    assert 0.5 < large < small < 1.0  # below the datasheet, and lower in the larger jobs
+    # The one synthetic point missed by more than three times its reading error, at 16 nodes, would need
+    # a network hop of more than twice NCCL's own.
+    assert [abs(r["error"]) > 3 * r["reading"] for r in rows if r["curve"] == "synthetic"] == [False, False, True, False]
+    assert model.hop_to("synthetic", 16) > 2 * model.PERLMUTTER.inter_latency
 
 
 def test_without_the_loader_sharing_the_network_the_real_curve_is_missed():
@@ -181,8 +199,7 @@ def test_without_the_loader_sharing_the_network_the_real_curve_is_missed():
     bytes hold the network. Without it, the same fitted network leaves the real run at 8 nodes at the
     loader's own rate, 12% above the published point."""
     apart = dataclasses.replace(model.PERLMUTTER, loader_shares_network=False)
-    share, hop = model.fit()
-    value = model.curve_model("real", 8, model.fitted_machine(share, hop, apart))
+    value = model.curve_model("real", 8, model.fitted_machine(*model.fit(), apart))
     assert value / model.CURVES["real"][8] - 1 > 2.5 * TOLERANCE["real"]  # +12%: the loader alone
 
 
@@ -190,7 +207,7 @@ def test_check_prints_every_point_and_json_the_same(capsys):
     model.main(["--check"])
     table = capsys.readouterr().out
     rows = model.check_rows()
-    assert table.count("\n| ") == len(rows) and "**fitted: one ring step's cost**" in table
+    assert table.count("\n| ") == len(rows) and "**fitted: the network's share, up to 8 nodes**" in table
     model.main(["--check", "--json"])
     listed = json.loads(capsys.readouterr().out)
     keys = [(r["curve"], r["nodes"], r["fitted"]) for r in rows]
@@ -239,13 +256,14 @@ def test_gradient_accumulation_hides_behind_one_backward_pass():
 
 def test_a_measured_network_profile_replaces_the_datasheet(tmp_path, capsys):
     """--network reads benchmarks.allreduce's machine profile: its bus bandwidth across nodes and its
-    latency spread over a ring's 2(N-1) steps."""
+    latency spread evenly over a ring's 2(N-1) steps."""
     profile = {"backend": "nccl", "world_size": 8, "nodes": 2, "latency_us": 70.0, "busbw_GBps": 20.0,
                "rows": [{"bytes": 8, "time_us": 70.0, "algbw_GBps": 0.0, "busbw_GBps": 0.0}]}
     path = tmp_path / "machine.json"
     path.write_text(json.dumps(profile))
     machine = model.network_profile(str(path))
     assert machine.node_network_bw == 20.0 and machine.inter_latency == pytest.approx(70e-6 / 14)
+    assert machine.intra_latency == machine.inter_latency
     assert machine.nvlink_bw == model.PERLMUTTER.nvlink_bw and machine.ring_only
     size = 100e6
     assert model.allreduce_time(size, 8, machine) == pytest.approx(
