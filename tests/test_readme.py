@@ -770,11 +770,20 @@ def test_scaling_model_prose_is_that_of_its_report():
     assert f"misses the 8-node run by {100 * eight:+.1f}% and the earlier README's 2-node row by {100 * row:+.1f}%" in text
     assert f"comes out at {100 * rows[('8_gpus_local_batch_16', 2)]['error']:+.1f}% and the 16-node run at " \
            f"{100 * rows[('real', 16)]['error']:+.1f}%" in text
+    row_step = model.step_time(fitted, 8, 16, report["one_gpu_rate"], bucket_cap_mb=100, broadcast_buffers=False,
+                               rate_batch=64)
+    assert f"the model's step there is {1e3 * row_step.step:.1f} ms ({1e3 * row_step.compute:.1f} of compute, " \
+           f"{1e3 * row_step.ddp_gpu:.1f} of DDP on the GPU, {1e3 * row_step.exposed:.1f} of network" in text
     slow = model.fitted_machine(small, large, hop=report["network_hop_for_synthetic_16_s"])
     low = model.curve_model("synthetic", 32, slow) / model.CURVES["synthetic"][32] - 1
     assert f"would then put the 32-node run {-100 * low:.1f}% low" in text
     exposed = {n: next(r for r in report["tables"]["perlmutter"] if r["nodes"] == n)["exposed_ms"] for n in (16, 32)}
     assert f"{exposed[16]:.1f} ms at 16 nodes, {exposed[32]:.1f} at 32" in text
+    asked = []
+    for n in (16, 32):  # the published synthetic step less the model's compute and DDP's work on the GPU
+        modelled = model.step_time(fitted, 4 * n, 64, report["one_gpu_rate"], rate_batch=64)
+        asked.append(1e3 * (64 * 4 * n / model.CURVES["synthetic"][n] - modelled.compute - modelled.ddp_gpu))
+    assert "the published points ask for {:.1f} and {:.1f}".format(*asked) in text
     assert f"(+{100 * rows[('synthetic', 32)]['error']:.1f}%, twice its reading error)" in text
     per_node = [model.CURVES["real_noddp"][n] / n for n in (8, 16, 32)]
     assert "deliver {:.0f}, {:.0f} and {:.0f} samples/s per node".format(*per_node) in text
