@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The tutorial's GPU measurements and checks, one stage per command of a lent GPU machine, each inside
+# The tutorial's GPU measurements and checks, one stage per command of a remote GPU machine, each inside
 # its own budget:
 #
 #   benchmarks/gpu_suite.sh --plan            the commands to send, in order, in sessions of 15 minutes of
-#                                             a lent machine, with budgets (no GPU needed)
+#                                             GPU time, with budgets (no GPU needed)
 #   benchmarks/gpu_suite.sh --plan --gpus 4   the multi-GPU plan, for a machine with 4 GPUs
 #   benchmarks/gpu_suite.sh --help            this text
 #   benchmarks/gpu_suite.sh preflight         python -m benchmarks.preflight: what the later stages rely on
@@ -21,7 +21,7 @@
 #
 # Run it from the repository's top-level folder with the Python that has torch (PYTHON=..., default
 # python3; COMMIT=... names the commit in the logs where the copy has no .git). Every stage stands on
-# its own: a later command of a lent machine may find a bare machine, so nothing is read that an
+# its own: a later command of a remote machine may find a bare machine, so nothing is read that an
 # earlier command left there. What a stage decides it re-derives in seconds (the compiler, DALI,
 # where the 3-D convolutions run), but for Nsight Systems: the profiles stage uses it where the
 # preflight saw it write a report (this command's preflight.json, or .carry/preflight/preflight.json
@@ -31,11 +31,11 @@
 # profiles/, layers/, scaling/, loaders/ (the DALI stage's ladder), multi-gpu/, the test reports and
 # this suite's logs.
 #
-# Each stage has a budget (BUDGET below, at most STAGE_LIMIT, default 540 s: a lent machine's commands
+# Each stage has a budget (BUDGET below, at most STAGE_LIMIT, default 540 s: a remote machine's commands
 # end at 600 s). Its steps check the time left before they start (a step that cannot finish is not
 # started, and says so) and end at the budget. With OUT set (a folder), what the stage wrote is packed
 # into $OUT/gpu_suite_<stage>.tgz after every step, again whenever a running step writes a result, and
-# on SIGTERM or SIGINT: a stage cut short still returns what it finished. What comes back from a lent
+# on SIGTERM or SIGINT: a stage cut short still returns what it finished. What comes back from a remote
 # machine is at most 8 files of 16 MiB, 64 MiB together: archives are cut in parts of 15 MiB (rejoin:
 # cat gpu_suite_<stage>.tgz.part* > x.tgz), and where all of this command's archives would pass 60 MiB
 # or 8 files, the largest files are left out, Nsight Systems reports first, each named in
@@ -59,7 +59,7 @@ CARRIED_PREFLIGHT=.carry/preflight/preflight.json
 STAGE_LIMIT=${STAGE_LIMIT:-540}
 CPU_CHECK=${CPU_CHECK:-}
 PACK_RESERVE=15           # seconds kept at the end of a budget to pack
-OUT_FILES=8 OUT_MIB=60 PART_MIB=15  # what a lent machine returns: 8 files of 16 MiB, 64 MiB together
+OUT_FILES=8 OUT_MIB=60 PART_MIB=15  # what a remote machine returns: 8 files of 16 MiB, 64 MiB together
 export PYTHONUNBUFFERED=1
 
 # Seconds per stage and per step: priced by benchmarks/suite_plan.py (--plan shows both; a test keeps
@@ -129,7 +129,7 @@ out_usage() {
 }
 
 pack() {
-    # $OUT/gpu_suite_<stage>.tgz, remade from scratch, inside what a lent machine returns.
+    # $OUT/gpu_suite_<stage>.tgz, remade from scratch, inside what a remote machine returns.
     [ -n "${OUT:-}" ] || return 0
     local archive="$OUT/gpu_suite_$STAGE.tgz" files others_n others_b room parts size left_out=()
     mapfile -t files < <(stage_files)
@@ -152,7 +152,7 @@ pack() {
                 head -n 1)
         left_out+=("$drop ($(stat -c %s "$drop") bytes)")
         mapfile -t files < <(printf '%s\n' "${files[@]}" | grep -vxF "$drop")
-        printf '%s\n' "left out of the archive (what a lent machine returns: $OUT_FILES files, 64 MiB):" \
+        printf '%s\n' "left out of the archive (what a remote machine returns: $OUT_FILES files, 64 MiB):" \
             "${left_out[@]}" > "$RESULTS/gpu_suite-left-out.txt"
         files+=("$RESULTS/gpu_suite-left-out.txt")
         mapfile -t files < <(printf '%s\n' "${files[@]}" | sort -u)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# DALI for a lent GPU machine (Python 3.12, x86-64, CUDA 13), in parts that its commands carry one at a
+# DALI for a remote GPU machine (Python 3.12, x86-64, CUDA 13), in parts that its commands carry one at a
 # time (benchmarks/suite_plan.py's DALI session): the wheels unzipped into one site folder, DALI's
 # backend for Pythons other than 3.12 left out, the folder in one tar compressed with xz -9, cut into
 # parts in .carry/1, .carry/2, ... (ignored by git), the tar's sha256 in the last part's folder. Run

@@ -1,4 +1,4 @@
-"""The commands that run ``benchmarks/gpu_suite.sh`` on lent GPU machines, in sessions, each with its budget.
+"""The commands that run ``benchmarks/gpu_suite.sh`` on remote GPU machines, in sessions, each with its budget.
 
     benchmarks/gpu_suite.sh --plan             # = python -m benchmarks.suite_plan --limit 540
     benchmarks/gpu_suite.sh --plan --gpus 4    # the multi-GPU checks, for a machine with 4 GPUs
@@ -78,10 +78,10 @@ DALI_INSTALL_S = 20   # joining the parts, their sha256 and tar xJf: the extract
 COPY_BUDGET = 10      # a part's command: a copy of 56 MiB on the machine
 CUDNN_AUTOTUNE_S = 60  # python -m benchmarks.cudnn_autotune: the first step with and without autotuning
 # Where each command installs what it carries (DALI's site too), and gathers DALI's parts: under $HOME (/root on
-# a lent machine, where commands run as root), which a bare machine has empty.
+# a remote GPU machine, where commands run as root), which a bare machine has empty.
 SITE = "${HOME:-/root}/site"
 GATHER = "${HOME:-/root}/carry"
-# requirements.txt's packages that the lent machine lacks (it has torch, numpy, h5py, pyyaml,
+# requirements.txt's packages that the remote machine lacks (it has torch, numpy, h5py, pyyaml,
 # tensorboard, matplotlib, tqdm): small wheels, carried whole by every command.
 SMALL_WHEELS = ["ruamel.yaml"]
 WHEELS = ".carry/wheels"
@@ -89,7 +89,7 @@ CARRIED_PREFLIGHT = ".carry/preflight"  # the preflight's answer, for the comman
 SUITE_RESULTS = "runs/benchmarks/gpu_suite"  # gpu_suite.sh's RESULTS: the archives hold its files under it
 INSTALL = (f"python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target \"{SITE}\" {WHEELS}/*.whl "
            f"&& export PYTHONPATH=\"{SITE}${{PYTHONPATH:+:$PYTHONPATH}}\"")
-# A lent machine: 15 minutes of device time a session, for its start (1-2 minutes), every command, the transfers
+# A session: 15 minutes of device time a session, for its start (1-2 minutes), every command, the transfers
 # and the idle 30 s after the last command, when it goes back; the working tree (3-4 MiB) and the results travel
 # with every command, a DALI part's 56 MiB with some (10-20 s a call, measured on an H200, 2026-11-26).
 SESSION_S = 900

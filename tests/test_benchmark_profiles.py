@@ -104,7 +104,7 @@ def test_nsys_is_probed_once_before_the_rungs(tmp_path, monkeypatch, kind, works
 
 
 def test_nsys_and_its_importer_together_end_within_the_limit(tmp_path):
-    """An nsys that writes only a .qdstrm capture and an importer that hangs (as seen on a lent GPU machine):
+    """An nsys that writes only a .qdstrm capture and an importer that hangs (as seen on a remote GPU machine):
     the try ends at its limit, the importer's time included, and says it made no report. Both are stand-ins
     (this machine has no nsys), scripts that behave as the ones seen did."""
     import time

@@ -1,6 +1,6 @@
 """Every command of `benchmarks/gpu_suite.sh --plan` runs on a bare machine.
 
-The commands run here, in the plan's order, as a lent GPU machine would run them: each in a fresh
+The commands run here, in the plan's order, as a remote GPU machine would run them: each in a fresh
 copy of the working tree (tracked and untracked-not-ignored files, and only the ignored folders the
 command carries), a fresh empty HOME (where it installs what it carries) and a fresh $OUT, with
 ruamel.yaml hidden from Python as the GPU machine lacks it, and ``python3`` this machine's Python.

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_suite.sh fits a lent GPU's time and loses nothing: its plan (no GPU needed) prints sessions
+"""benchmarks/gpu_suite.sh fits a remote GPU's time and loses nothing: its plan (no GPU needed) prints sessions
 that each fit a lease, the preflight first, and ready-to-paste commands, each inside the budget the script enforces;
 the script runs what the plan prices; a stage packs what it finished after every step, at its
 deadline and on SIGTERM (run here for real with the preflight, the stage a CPU can run)."""
