@@ -103,9 +103,10 @@ class Machine:
 # datasheet) and 4 HPE Slingshot 11 NICs of 200 Gb/s (25 GB/s) each: 100 GB/s per node; its Lustre file
 # system (/pscratch) is reached over the same Slingshot network. Latencies: NCCL's own cost model
 # (nccl/src/graph/tuning.cc, the Simple protocol's ring): 3.4 us per NVLink hop, 14 us per network hop,
-# 8.4 us per call; NCCL counts 2(nodes-1) of a ring all-reduce's 2(N-1) steps as network hops. Loader: the original's final loader-alone curve, its
-# ideal line's 1-node point per GPU (4 loaders per node share the node's CPUs and file system: one
-# A100's alone reached 937 samples/s in the original's benchy IO trial).
+# 8.4 us per call; NCCL counts 2(nodes-1) of a ring all-reduce's 2(N-1) steps as network hops.
+# Loader: the original's final loader-alone curve, its ideal line's 1-node point per GPU (4 loaders per
+# node share the node's CPUs and file system: one A100's alone reached 937 samples/s in the original's
+# benchy IO trial).
 NCCL_LATENCY = {"intra_latency": 3.4e-6, "inter_latency": 14e-6, "call_latency": 8.4e-6}
 PERLMUTTER = Machine("Perlmutter (4 x A100 per node)", 4, 300.0, 100.0, loader_rate=CURVES["loader"][1] / 4,
                      source="docs.nersc.gov/systems/perlmutter/architecture; NVIDIA A100 datasheet; "
@@ -449,8 +450,8 @@ def fit(small_nodes=8, large_nodes=32):
 @functools.lru_cache(maxsize=None)
 def hop_to(curve="synthetic", nodes=16):
     """The network hop that would make the model meet ``curve`` at ``nodes``, NCCL's own hop being
-    what the model uses: the one published point it misses by more than its reading error asks for
-    this, and the knob tables carry it as the other end of their ranges."""
+    what the model uses: the synthetic run at 16 nodes, which the model misses by more than three times
+    its reading error, asks for this, and the knob tables carry it as the other end of their ranges."""
     small, large = fit()
     return solve(lambda h: curve_model(curve, nodes, fitted_machine(small, large, hop=h)),
                  CURVES[curve][nodes], 0.0, 500e-6)
