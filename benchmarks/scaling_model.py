@@ -25,19 +25,19 @@ The buckets are DDP's own assignment (``torch.distributed._compute_bucket_assign
 U-Net's real parameters, in the order their gradients become ready, which hooks record during a real
 backward pass together with the share of the backward FLOPs done at that moment. Each bucket's
 all-reduce across nodes starts when its last gradient is ready and the one before it is done, and
-costs what a ring costs: 2(N-1)/N x bytes / bus bandwidth + 2(N-1) steps, each waiting one hop: of them
-2(nodes-1) cross the network and the rest NVLink (NCCL's own count).
+costs what NCCL's own cost model (its src/graph/tuning.cc, of the version the original ran: NCCL_VERSION)
+says of a ring or of a tree, whichever is faster, as NCCL's tuner picks them call by call.
 
-Two terms are fitted to the original's final curves (NERSC/sc22-dl-tutorial commit 2074095, read off
-its plots by benchmarks/read_scaling_plots.py into benchmarks/sc22_scaling_points.json): the share of
-Slingshot's bandwidth that the all-reduce's bytes reached in a job of up to 8 nodes, to the real-data
-run at 8 nodes, and in a job of 16 nodes or more, to the real-data run at 32 nodes (the published points
-put a step between the two; what causes it is not measured). The ring's latency is not fitted: it is
-NCCL's own cost model (its src/graph/tuning.cc). Two published points are inputs: one GPU's compute (the
-synthetic --noddp run) and one GPU's loader (the loader-alone ideal line); so is one measurement of this
-code: the share of a step's compute paid once per step whatever the batch (PER_STEP_SHARE, from one
-H100's ladder at batch 64 and 8), which sets the compute at other local batches. Every other published
-point is predicted; ``--check`` lists them.
+One term is fitted to the original's final curves (NERSC/sc22-dl-tutorial commit 2074095, read off its
+plots by benchmarks/read_scaling_plots.py into benchmarks/sc22_scaling_points.json): the share of
+Slingshot's bandwidth that the all-reduce's bytes reached, one for every job, to the real-data runs at 8,
+16 and 32 nodes together. The latencies are not fitted. Two published points are inputs: one GPU's
+compute (the synthetic --noddp run) and one GPU's loader (the loader-alone ideal line); so is one
+measurement of this code: the share of a step's compute paid once per step whatever the batch
+(PER_STEP_SHARE, from one H100's ladder at batch 64 and 8), which sets the compute at other local batches.
+Seven points are N times an input (the --noddp and loader-alone curves): they check the plots' reading,
+not the model. The rest is predicted; ``--check`` lists every point with its residual and reading error,
+and ends with a verdict.
 """
 import argparse
 import dataclasses
@@ -89,25 +89,48 @@ class Machine:
     inter_latency: float    # one hop between nodes
     loader_rate: float      # samples/s that one GPU's data loader delivers (the loader's bound), or None
     source: str             # where the numbers come from
-    call_latency: float = 0.0    # the fixed cost of one collective call, whatever its size
+    call_latency: float = 0.0    # the fixed cost of one ring all-reduce call, whatever its size
     memory_bw: float = None      # one GPU's memory bandwidth (GB/s); None: a CPU rank, whose all-reduce
     #                              runs beside its compute (nothing charged to DDP's work on the GPU)
-    ring_only: bool = False      # across nodes a ring only (the fitted model); else the faster of ring and tree
+    ring_only: bool = False      # across nodes a ring only (gloo, a measured profile); else, as NCCL's tuner
+    #                              picks per call, the faster of ring and tree
     loader_shares_network: bool = False  # the loader reads over the network cards the all-reduce uses
-    small_job_nodes: int = 0     # a job of at most this many nodes reaches small_job_network_bw between nodes
-    small_job_network_bw: float = None  # (None: every job node_network_bw)
+    ring_network_steps_less: int = 0  # a ring all-reduce counts 2(nodes - this) network hops (NCCL's count)
+    tree_intra_latency: float = None  # one hop of a tree within a node (None: the ring's)
+    tree_inter_latency: float = None  # one hop of a tree between nodes (None: the ring's)
+    tree_bw_share: float = 1.0   # the share of the bus bandwidth a tree reaches against a ring
 
 
 # Perlmutter's GPU node (https://docs.nersc.gov/systems/perlmutter/architecture/): 4 A100-SXM4-40GB
 # joined by NVLink 3 (12 links of 25 GB/s per direction per GPU: 300 GB/s; 1555 GB/s of HBM2: NVIDIA A100
 # datasheet) and 4 HPE Slingshot 11 NICs of 200 Gb/s (25 GB/s) each: 100 GB/s per node; its Lustre file
-# system (/pscratch) is reached over the same Slingshot network. Latencies: NCCL's own cost model
-# (nccl/src/graph/tuning.cc, the Simple protocol's ring): 3.4 us per NVLink hop, 14 us per network hop,
-# 8.4 us per call; NCCL counts 2(nodes-1) of a ring all-reduce's 2(N-1) steps as network hops.
-# Loader: the original's final loader-alone curve, its ideal line's 1-node point per GPU (4 loaders per
-# node share the node's CPUs and file system: one A100's alone reached 937 samples/s in the original's
-# benchy IO trial).
-NCCL_LATENCY = {"intra_latency": 3.4e-6, "inter_latency": 14e-6, "call_latency": 8.4e-6}
+# system (/pscratch) is reached over the same Slingshot network. Its AMD EPYC hosts matter to NCCL from
+# 2.18 on (below). Loader: the original's final loader-alone curve, its ideal line's 1-node point per GPU
+# (4 loaders per node share the node's CPUs and file system: one A100's alone reached 937 samples/s in the
+# original's benchy IO trial).
+#
+# Latencies: NCCL's own cost model (src/graph/tuning.cc, its Simple protocol, which carries the large
+# buckets), of the NCCL the original ran: nccl 2.15.5, which its export_DDP_vars.sh loaded from commit
+# ac5cc0a on (the commit that added the OFI plugin; the final curves ran after it). In that version a
+# ring all-reduce over N ranks on n nodes takes 8.4 us a call plus 2(N-1) steps, 2n of them counted as
+# network hops (9.6 us each) and the rest as NVLink hops (3.4 us); a tree takes 2((N/n - 1) + log2(n))
+# hops of 28 us each (NVLink or network alike, nothing a call) and reaches 0.92 of the bus bandwidth.
+# The tuner takes, call by call, whichever of the two its model says is faster; so does this model.
+# Later versions changed the ring's terms: 2.18 a 14 us network hop and, in a multi-node ring, an NVLink
+# hop of at least 3 x the network's post overhead (2 us on AMD hosts: 6 us); 2.23 counts 2(n-1) network
+# hops. They are here to show what the choice of version moves (report.json's "nccl_versions"); the
+# model uses NCCL_VERSION's.
+NCCL_VERSIONS = {
+    "2.15.5": {"intra_latency": 3.4e-6, "inter_latency": 9.6e-6, "call_latency": 8.4e-6,
+               "ring_network_steps_less": 0},
+    "2.18 (AMD hosts)": {"intra_latency": 6.0e-6, "inter_latency": 14e-6, "call_latency": 8.4e-6,
+                         "ring_network_steps_less": 0},
+    "2.23 (AMD hosts)": {"intra_latency": 6.0e-6, "inter_latency": 14e-6, "call_latency": 8.4e-6,
+                         "ring_network_steps_less": 1},
+}
+NCCL_VERSION = "2.15.5"
+NCCL_TREE = {"tree_intra_latency": 28e-6, "tree_inter_latency": 28e-6, "tree_bw_share": 0.92}  # every version above
+NCCL_LATENCY = {**NCCL_VERSIONS[NCCL_VERSION], **NCCL_TREE}
 PERLMUTTER = Machine("Perlmutter (4 x A100 per node)", 4, 300.0, 100.0, loader_rate=CURVES["loader"][1] / 4,
                      source="docs.nersc.gov/systems/perlmutter/architecture; NVIDIA A100 datasheet; "
                      "the original's loader-alone curve", memory_bw=1555.0, loader_shares_network=True,
@@ -261,32 +284,30 @@ def buckets(network, bucket_cap_mb=25.0, first_bucket_mb=1.0):
             for indices in assignment]
 
 
-def network_bandwidth(machine, nodes):
-    """GB/s between the nodes of a job of ``nodes`` nodes, per node: small_job_network_bw up to
-    small_job_nodes, else node_network_bw."""
-    small = machine.small_job_network_bw is not None and nodes <= machine.small_job_nodes
-    return machine.small_job_network_bw if small else machine.node_network_bw
-
-
 def allreduce_time(size, gpus, machine, bandwidth_only=False):
     """An all-reduce of ``size`` bytes over ``gpus`` GPUs: within a node over NVLink, across nodes over
-    the node's network cards; a ring (2(N-1)/N x bytes / bus bandwidth + 2(N-1) steps, of which
-    2(nodes-1) wait a network hop and the rest an NVLink hop, as NCCL counts them) or, unless the machine
-    is ``ring_only``, a tree (2 x bytes / bus bandwidth + 2 log2(nodes) network hops) where that is
-    faster (NCCL's own model). ``bandwidth_only``: the time its bytes hold the links, no latency."""
+    the node's network cards; as NCCL's cost model times it, a ring (a call's latency, 2(N-1)/N x bytes /
+    bus bandwidth and 2(N-1) steps, of which 2(nodes - ring_network_steps_less) wait a network hop and the
+    rest an NVLink hop) or, unless the machine is ``ring_only``, a tree (2 x bytes / (tree_bw_share x bus
+    bandwidth) and 2((N/nodes - 1) + log2(nodes)) tree hops), whichever is faster, as NCCL's tuner picks.
+    ``bandwidth_only``: the time the chosen algorithm's bytes hold the links, no latency."""
     if gpus == 1:
         return 0.0
     nodes = math.ceil(gpus / machine.gpus_per_node)
     per_node = min(gpus, machine.gpus_per_node)
-    bandwidth = 1e9 * (machine.nvlink_bw if nodes == 1 else min(machine.nvlink_bw, network_bandwidth(machine, nodes)))
-    if bandwidth_only:
-        return 2 * (gpus - 1) / gpus * size / bandwidth
-    steps, network_steps = 2 * (gpus - 1), 2 * (nodes - 1)
-    ring = 2 * (gpus - 1) / gpus * size / bandwidth + (steps - network_steps) * machine.intra_latency \
-        + network_steps * machine.inter_latency
-    tree = 2 * size / bandwidth + 2 * ((per_node - 1) * machine.intra_latency
-                                       + math.log2(nodes) * machine.inter_latency)
-    return machine.call_latency + (ring if machine.ring_only and nodes > 1 else min(ring, tree))
+    bandwidth = 1e9 * (machine.nvlink_bw if nodes == 1 else min(machine.nvlink_bw, machine.node_network_bw))
+    steps = 2 * (gpus - 1)
+    network_steps = 0 if nodes == 1 else min(steps, 2 * (nodes - machine.ring_network_steps_less))
+    ring = (2 * (gpus - 1) / gpus * size / bandwidth,
+            machine.call_latency + (steps - network_steps) * machine.intra_latency
+            + network_steps * machine.inter_latency)
+    if machine.ring_only or nodes == 1:  # within a node a tree is a chain of as many hops: never faster
+        return ring[0] if bandwidth_only else sum(ring)
+    intra = machine.intra_latency if machine.tree_intra_latency is None else machine.tree_intra_latency
+    inter = machine.inter_latency if machine.tree_inter_latency is None else machine.tree_inter_latency
+    tree = (2 * size / (machine.tree_bw_share * bandwidth), 2 * ((per_node - 1) * intra + math.log2(nodes) * inter))
+    chosen = min(ring, tree, key=sum)
+    return chosen[0] if bandwidth_only else sum(chosen)
 
 
 def ddp_gpu_time(gradient_bytes, gpus, machine, wire_share=1.0):
@@ -317,7 +338,7 @@ def broadcast_time(size, gpus, machine):
     if gpus == 1 or size == 0:
         return 0.0
     nodes = math.ceil(gpus / machine.gpus_per_node)
-    bandwidth = 1e9 * (machine.nvlink_bw if nodes == 1 else network_bandwidth(machine, nodes))
+    bandwidth = 1e9 * (machine.nvlink_bw if nodes == 1 else machine.node_network_bw)
     return size / bandwidth + math.log2(gpus) * machine.inter_latency
 
 
@@ -350,15 +371,18 @@ def step_time(machine, gpus, local_batch, one_gpu_rate, network=None, bucket_cap
 
     DDP: each bucket's all-reduce starts when its last gradient is ready (forward, then that share of
     the backward) and the bucket before it is done; what runs past the end of the backward pass is
-    exposed. ``ddp_comm_hook`` bf16 or fp16 halves the bytes on the wire. ``grad_accum_steps`` K: one
-    all-reduce per K micro-batches of ``local_batch``, which only the last micro-batch's backward pass
-    can hide. ``parallel="fsdp"`` (no buckets, no comm hook, no broadcast: those are DDP's): each
+    exposed. ``ddp_comm_hook`` bf16 or fp16 halves the bytes on the wire. ``grad_accum_steps`` K, as
+    train.py's flag does it (utils/accumulation.py): the local batch is split into K micro-batches of
+    ``local_batch`` / K, run one after the other; the step's samples and the loader's work stay those of
+    ``local_batch``, each micro-batch pays the compute's per-step cost again (compute_time), and the one
+    all-reduce per bucket is that of the last micro-batch's backward pass, which alone can hide it.
+    ``parallel="fsdp"`` (no buckets, no comm hook, no broadcast: those are DDP's): each
     parameter tensor is sharded, so the forward all-gathers every one (overlapping the forward
     compute), the backward all-gathers them again (prefetched from its start) and reduce-scatters each
     gradient once it is ready; an all-gather and a reduce-scatter each cost half an all-reduce.
     """
     network = network or unet()
-    micro = compute_time(local_batch, one_gpu_rate, rate_batch)
+    micro = compute_time(local_batch / grad_accum_steps, one_gpu_rate, rate_batch)
     before = (grad_accum_steps - 1) * micro  # the micro-batches whose backward passes skip the all-reduce
     compute = before + micro
     forward = before + micro * network.forward_share
@@ -371,7 +395,9 @@ def step_time(machine, gpus, local_batch, one_gpu_rate, network=None, bucket_cap
         reduce_scatters = [(forward + ready * backward, cost) for (_, ready), cost in zip(units, half)]
         end = comm_timeline([(forward, sum(half))] + reduce_scatters)
         exposed = forward_wait + max(0.0, end - compute)
-        broadcast, count, ddp_gpu = 0.0, len(units), 0.0
+        # Its collectives run on the GPU's SMs as DDP's do: copies in and out, and 1.5 times DDP's bytes over
+        # NVLink within the node.
+        broadcast, count, ddp_gpu = 0.0, len(units), ddp_gpu_time(total_bytes, gpus, machine, 1.5)
         busy = 1.5 * allreduce_time(total_bytes, gpus, machine, bandwidth_only=True)
     else:
         scale = 0.5 if ddp_comm_hook in ("bf16", "fp16") else 1.0
@@ -384,11 +410,11 @@ def step_time(machine, gpus, local_batch, one_gpu_rate, network=None, bucket_cap
         ddp_gpu = ddp_gpu_time(total_bytes, gpus, machine, scale)
         busy = sum(network_time(scale * size, gpus, machine, bandwidth_only=True) for size, _ in cut)
     step = compute + ddp_gpu + exposed + broadcast
-    samples = gpus * local_batch * grad_accum_steps
+    samples = gpus * local_batch  # whatever grad_accum_steps: it splits the local batch
     loader = 0.0
     if machine.loader_rate:
         crossing = gpus > machine.gpus_per_node and machine.loader_shares_network
-        loader = local_batch * grad_accum_steps / machine.loader_rate + (busy if crossing else 0.0)
+        loader = local_batch / machine.loader_rate + (busy if crossing else 0.0)
     return Step(compute, exposed, broadcast, max(step, loader), samples / max(step, loader), count, ddp_gpu,
                 loader, samples / step)
 
@@ -405,20 +431,13 @@ def solve(function, target, low, high, steps=60):
     return (low + high) / 2
 
 
-# The published points put a step in the network's bandwidth between 8 and 16 nodes (the real-data runs
-# and the earlier README's 2-node row ask for about 80% of the datasheet up to 8 nodes, about 65% from 16);
-# the model puts it after the last node count below it.
-SMALL_JOB_NODES = 8
-
-
-def fitted_machine(small, large, machine=PERLMUTTER, hop=None):
-    """``machine`` with its network at ``small`` of the datasheet's bandwidth in a job of up to
-    SMALL_JOB_NODES nodes and ``large`` in a larger one, a ring across nodes (the fitted form), and
-    ``hop`` s per network hop of the ring (None: NCCL's own, the machine's)."""
-    return dataclasses.replace(machine, node_network_bw=machine.node_network_bw * large, ring_only=True,
-                               small_job_nodes=SMALL_JOB_NODES,
-                               small_job_network_bw=machine.node_network_bw * small,
-                               inter_latency=machine.inter_latency if hop is None else hop)
+def fitted_machine(share, machine=PERLMUTTER, ring_only=False, nccl=None):
+    """``machine`` with its network at ``share`` of the datasheet's bandwidth between nodes, whatever the
+    job's size; across nodes the faster of ring and tree call by call (NCCL's tuner) or, ``ring_only``, a
+    ring; the latencies of NCCL version ``nccl`` (None: NCCL_VERSION's, the machine's)."""
+    latencies = NCCL_VERSIONS[nccl] if nccl else {}
+    return dataclasses.replace(machine, node_network_bw=machine.node_network_bw * share, ring_only=ring_only,
+                               **latencies)
 
 
 def curve_model(curve, nodes, machine, rate=A100_RATE, local_batch=64):
@@ -434,60 +453,117 @@ def curve_model(curve, nodes, machine, rate=A100_RATE, local_batch=64):
     return step.synthetic_samples_per_s if curve == "synthetic" else step.samples_per_s
 
 
-@functools.lru_cache(maxsize=None)
-def fit(small_nodes=8, large_nodes=32):
-    """The two fitted terms: the share of Slingshot's 100 GB/s per node that the all-reduce's bytes
-    reached in a job of up to SMALL_JOB_NODES nodes, to the real-data run at ``small_nodes``, and in a
-    larger job, to the real-data run at ``large_nodes``. There the step is the loader's time plus the
-    time the all-reduce's bytes hold the network; each share sets its own point alone."""
-    small = solve(lambda s: curve_model("real", small_nodes, fitted_machine(s, 1.0)),
-                  CURVES["real"][small_nodes], 0.05, 4.0)
-    large = solve(lambda s: curve_model("real", large_nodes, fitted_machine(small, s)),
-                  CURVES["real"][large_nodes], 0.05, 4.0)
-    return small, large
+# The points the one fitted term is fitted to: the real-data runs, where the step is the loader's time plus
+# the time the all-reduce's bytes hold the network, so the share sets them (the synthetic runs hide most
+# of the network behind the backward pass and are predicted).
+FIT_POINTS = (("real", 8), ("real", 16), ("real", 32))
+
+
+def share_to(curve, nodes, **network):
+    """The network share that makes the model meet one published point alone (``network``: fitted_machine's
+    ring_only and nccl)."""
+    return solve(lambda s: curve_model(curve, nodes, fitted_machine(s, **network)), CURVES[curve][nodes], 0.05, 4.0)
 
 
 @functools.lru_cache(maxsize=None)
-def hop_to(curve="synthetic", nodes=16):
-    """The network hop that would make the model meet ``curve`` at ``nodes``, NCCL's own hop being
-    what the model uses: the synthetic run at 16 nodes, which the model misses by more than three times
-    its reading error, asks for this, and the knob tables carry it as the other end of their ranges."""
-    small, large = fit()
-    return solve(lambda h: curve_model(curve, nodes, fitted_machine(small, large, hop=h)),
-                 CURVES[curve][nodes], 0.0, 500e-6)
+def fit(points=FIT_POINTS, ring_only=False, nccl=None):
+    """The one fitted term: the share of Slingshot's 100 GB/s per node that the all-reduce's bytes reached,
+    the same in every job, chosen to minimise the squares of the residuals at ``points`` in units of their
+    reading errors (each residual falls as the share grows, so the sum has one minimum between the shares
+    that meet each point alone). ``ring_only``, ``nccl``: fitted_machine's."""
+    def misfit(share):
+        machine = fitted_machine(share, ring_only=ring_only, nccl=nccl)
+        return sum(((curve_model(c, n, machine) - CURVES[c][n]) / READING_ERROR) ** 2 for c, n in points)
+
+    alone = [share_to(*point, ring_only=ring_only, nccl=nccl) for point in points]
+    low, high = min(alone), max(alone)
+    for _ in range(60):  # golden-section search for the minimum
+        a, b = low + 0.382 * (high - low), high - 0.382 * (high - low)
+        low, high = (low, b) if misfit(a) < misfit(b) else (a, high)
+    return (low + high) / 2
 
 
 def range_machines(base=PERLMUTTER):
-    """The networks the published points allow, for the knob tables' ranges (at 32 nodes only the
-    larger jobs' share counts): that share fitted to the real-data run at 16 or at 32 nodes, and the
-    network hop NCCL's own or hop_to()'s."""
-    small = fit()[0]
-    return [fitted_machine(small, fit(8, nodes)[1], base, hop) for nodes in (16, 32) for hop in (None, hop_to())]
+    """The networks the published points allow, for the knob tables' ranges: NCCL's tuner's choice of ring
+    or tree (the model), and a ring only (which the published synthetic runs at 16 and 32 nodes come closer
+    to), each with the one share fitted for it."""
+    return [fitted_machine(fit(ring_only=ring), base, ring_only=ring) for ring in (False, True)]
 
 
-# What the original published besides the curves: its final README's text (32 nodes, local batch 64) and
-# its earlier README's multi-GPU rows (local batch 16, --bucket_cap_mb 100, --disable_broadcast_buffers),
-# which REFERENCE.md lists.
+# The curves' points that tell the network apart, and the row that asks for a step in the share.
+ALTERNATIVE_POINTS = (("real", 8), ("real", 16), ("real", 32), ("synthetic", 8), ("synthetic", 16), ("synthetic", 32))
+
+
+def nccl_alternatives():
+    """What the NCCL version and the algorithm move: for each version in NCCL_VERSIONS, with the tuner's
+    choice and with a ring only, the one share fitted and the residuals at ALTERNATIVE_POINTS and at the
+    8-GPU row at local batch 16."""
+    results = []
+    for nccl in NCCL_VERSIONS:
+        for ring in (False, True):
+            share = fit(ring_only=ring, nccl=nccl)
+            machine = fitted_machine(share, ring_only=ring, nccl=nccl)
+            residuals = {f"{c} {n}": curve_model(c, n, machine) / CURVES[c][n] - 1 for c, n in ALTERNATIVE_POINTS}
+            residuals["8_gpus_local_batch_16"] = row_16(machine, 8) / ROWS_16[8][0] - 1
+            results.append({"nccl": nccl, "algorithm": "ring" if ring else "ring or tree (NCCL's tuner)",
+                            "share": share, "residuals": residuals})
+    return results
+
+
+def row_16(machine, gpus):
+    """samples/s of the rows at local batch 16 (100 MB buckets, no broadcast) on ``gpus`` GPUs."""
+    return step_time(machine, gpus, 16, A100_RATE, bucket_cap_mb=100, broadcast_buffers=False,
+                     rate_batch=RATE_BATCH).samples_per_s
+
+
+# The step between 8 and 16 nodes, a hypothesis: the earlier README's 2-node row at local batch 16 asks for
+# a larger share than the one fitted (its step is the only published one that needs two); the 16- and
+# 32-node real-data runs do not.
+def step_hypothesis():
+    """The share the 8-GPU row at local batch 16 asks for alone, and its residual with the fitted share."""
+    share = solve(lambda s: row_16(fitted_machine(s), 8), ROWS_16[8][0], 0.05, 4.0)
+    return {"share_for_2_node_row": share, "residual": row_16(fitted_machine(fit()), 8) / ROWS_16[8][0] - 1}
+
+
+# What the original published besides the curves: its final README's text (32 nodes, local batch 64) and the
+# rows at local batch 16 (--bucket_cap_mb 100, --disable_broadcast_buffers) that every README from commit
+# 6608f46 (2022-11-11) to the last holds, run under nsys (ENABLE_PROFILING=1): each the samples/s it quotes
+# and the other epoch its log shows (epochs 2 and 3), whose difference is the row's run-to-run spread.
 TEXT = {"efficiency_real": 0.84, "comm_overhead_real": 0.12}
-ROWS_16 = {4: 2059.1, 8: 3588.4}
-TERMS = {("synthetic_noddp", 32): "input: one GPU's compute", ("loader_ideal", 32): "input: one GPU's loader",
-         ("real", 8): "fitted: the network's share, up to 8 nodes",
-         ("real", 32): "fitted: the network's share, 16 nodes and more"}
+ROWS_16 = {4: (2059.1, 2056.8), 8: (3588.4, 3529.3)}
+INPUTS = {("synthetic_noddp", 32): "input: one GPU's compute", ("loader_ideal", 32): "input: one GPU's loader"}
+# Curves whose points the model gives as N times an input: they check the plot's reading, not the model.
+N_TIMES_AN_INPUT = {"synthetic_noddp": "N x one GPU's compute", "real_noddp": "N x one GPU's loader",
+                    "loader": "N x one GPU's loader"}
+# A point passes --check's verdict when its residual is within this many reading errors (the reader's
+# for the plots' points, half a point of rounding for the README's text, the run's epoch-to-epoch spread
+# for the local-batch-16 rows).
+VERDICT_READINGS = 3
 
 
-def check_rows(shares=None):
-    """Every published point of the final curves (and the text's and the earlier rows' numbers) with
-    the model's value: dicts with curve, nodes, published, model, fitted, term, error (relative for
-    samples/s, in points for the ratios), reading (the reading error, relative)."""
-    machine = fitted_machine(*(shares or fit()))
+def term(curve, nodes):
+    if (curve, nodes) in INPUTS:
+        return INPUTS[(curve, nodes)]
+    if (curve, nodes) in FIT_POINTS:
+        return "fitted: the one network share"
+    return N_TIMES_AN_INPUT.get(curve, "predicted")
+
+
+def check_rows(share=None):
+    """Every published point of the final curves (and the text's and the local-batch-16 rows' numbers) with
+    the model's value: dicts with curve, nodes, published, model, fitted (an input or a fitted point),
+    term, error (the residual: relative for samples/s, in points for the ratios), reading (the reading
+    error, alike) and readings (|error| / reading)."""
+    machine = fitted_machine(fit() if share is None else share)
     rows = []
 
     def add(curve, nodes, published, model, ratio=False, reading=None):
-        term = TERMS.get((curve, nodes), "predicted")
+        name = term(curve, nodes)
+        error = model - published if ratio else model / published - 1
+        reading = reading if reading is not None else READING_ERROR / published
         rows.append({"curve": curve, "nodes": nodes, "published": published, "model": model,
-                     "fitted": term != "predicted", "term": term,
-                     "error": model - published if ratio else model / published - 1,
-                     "reading": reading if reading is not None else READING_ERROR / published})
+                     "fitted": name.startswith(("input", "fitted")), "term": name, "error": error,
+                     "reading": reading, "readings": abs(error) / reading})
 
     for curve in ("real", "synthetic", "real_noddp", "synthetic_noddp", "loader"):
         for nodes, value in sorted(CURVES[curve].items()):
@@ -508,11 +584,34 @@ def check_rows(shares=None):
         reading=0.005)
     add("comm_overhead_real (README text)", 32, TEXT["comm_overhead_real"],
         1 - real[32] / curve_model("real_noddp", 32, machine), ratio=True, reading=0.005)
-    for gpus, value in ROWS_16.items():
-        step = step_time(machine, gpus, 16, A100_RATE, bucket_cap_mb=100, broadcast_buffers=False,
-                         rate_batch=RATE_BATCH)
-        add(f"{gpus}_gpus_local_batch_16", gpus // 4, value, step.samples_per_s, reading=0.0)
+    for gpus, (value, other_epoch) in ROWS_16.items():
+        add(f"{gpus}_gpus_local_batch_16", gpus // 4, value, row_16(machine, gpus), reading=abs(other_epoch / value - 1))
     return rows
+
+
+def verdict(rows):
+    """PASS when every point that is not an input is within VERDICT_READINGS of its reading errors; the
+    points that miss, worst first, with their residual in reading errors."""
+    misses = sorted((r for r in rows if not r["term"].startswith("input") and r["readings"] > VERDICT_READINGS),
+                    key=lambda r: -r["readings"])
+    checked = sum(not r["term"].startswith("input") for r in rows)
+    return {"pass": not misses, "checked": checked, "within": checked - len(misses),
+            "tolerance_readings": VERDICT_READINGS,
+            "misses": [{"curve": r["curve"], "nodes": r["nodes"], "error": r["error"], "readings": r["readings"]}
+                       for r in misses]}
+
+
+def verdict_line(result):
+    """One line: PASS or FAIL, how many points are within tolerance, and each miss."""
+    head = (f"verdict: {'PASS' if result['pass'] else 'FAIL'}: {result['within']} of {result['checked']} points "
+            f"within {result['tolerance_readings']} times their reading error")
+    misses = [f"{m['curve']} at {m['nodes']} nodes {100 * m['error']:+.1f}"
+              f"{'%' if not m['curve'].startswith(RATIO_CURVES) else ' points'} ({m['readings']:.1f} times its reading error)"
+              for m in result["misses"]]
+    return head + ("; missed: " + ", ".join(misses) if misses else "")
+
+
+RATIO_CURVES = ("comm_overhead", "efficiency")
 
 
 # The knobs the tutorial teaches, each alone on top of bs64_opt's weak-scaling run (local batch 64,
@@ -620,13 +719,12 @@ def network_profile(path, base=PERLMUTTER):
 
 def resolve_machine(name, network_share="fitted", network=None):
     """A named machine: its network measured (``network``, a profile's path), at ``network_share`` of
-    its datasheet, or ("fitted") at the shares fitted to the original's real-data runs (on another
-    machine than Perlmutter an assumption). Returns the machine and the shares used, up to
-    SMALL_JOB_NODES nodes and beyond (None when measured)."""
+    its datasheet, or ("fitted") at the share fitted to the original's real-data runs (on another
+    machine than Perlmutter an assumption). Returns the machine and the share used (None when measured)."""
     if network:
         return network_profile(network, MACHINES[name]), None
-    shares = fit() if network_share == "fitted" else (float(network_share),) * 2
-    return fitted_machine(*shares, MACHINES[name]), shares
+    share = fit() if network_share == "fitted" else float(network_share)
+    return fitted_machine(share, MACHINES[name]), share
 
 
 def percent(value):
@@ -649,16 +747,16 @@ def is_ratio(row):
 
 
 def check_markdown(rows):
-    lines = ["| curve | nodes | published | model | error | reading error | term |", "|---|---|---|---|---|---|---|"]
+    lines = ["| curve | nodes | published | model | residual | reading error | residual / reading error | term |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if is_ratio(r):
             values = [percent(r["published"]), percent(r["model"]), f"{100 * r['error']:+.1f} points".replace(
                 "-0.0", "+0.0"), f"±{100 * r['reading']:.1f} points"]
         else:
-            values = [f"{r['published']:.0f}", f"{r['model']:.0f}", signed(r["error"]),
-                      f"±{100 * r['reading']:.1f}%" if r["reading"] else "-"]
+            values = [f"{r['published']:.0f}", f"{r['model']:.0f}", signed(r["error"]), f"±{100 * r['reading']:.1f}%"]
         term = f"**{r['term']}**" if r["fitted"] else r["term"]
-        lines.append(f"| {r['curve']} | {r['nodes']} | " + " | ".join(values) + f" | {term} |")
+        lines.append(f"| {r['curve']} | {r['nodes']} | " + " | ".join(values) + f" | {r['readings']:.1f} | {term} |")
     return "\n".join(lines)
 
 
@@ -739,7 +837,7 @@ def cpu_machine(allreduce_json):
         measured = json.load(f)
     bandwidth, latency = measured["bandwidth_Bps"] / 1e9, measured["latency_s"]
     return Machine(f"CPU ranks: {measured['name']}", 1, bandwidth, bandwidth, latency, latency, None,
-                   f"benchmarks/results/allreduce/{measured['name']}.md")
+                   f"benchmarks/results/allreduce/{measured['name']}.md", ring_only=True)  # gloo's ring
 
 
 def cpu_check(results=RESULTS):
@@ -774,52 +872,79 @@ def cpu_markdown(check):
     return "\n".join(lines)
 
 
-def predicted_tables(small, large):
+def predicted_tables(share):
     """bs64_opt's weak scaling on each machine, the network as fitted, to 32 nodes: as far as the fit
-    reaches (beyond it the ring form is an extrapolation: NCCL may switch to its tree, whose latency
-    grows with log2 of the nodes)."""
-    return {name: scaling_table(fitted_machine(small, large, machine), 64, ONE_GPU_RATE[name],
+    reaches."""
+    return {name: scaling_table(fitted_machine(share, machine), 64, ONE_GPU_RATE[name],
                                 counts=[g for g in GPU_COUNTS if g <= 32 * machine.gpus_per_node])
             for name, machine in MACHINES.items()}
+
+
+def check_summary(rows=None):
+    """What ``--check --json`` prints: the NCCL version the latencies are of, the one fitted share, every
+    published point with its residual and reading error, and the verdict."""
+    rows = rows if rows is not None else check_rows()
+    return {"nccl": NCCL_VERSION, "algorithm": "ring or tree, the faster per call (NCCL's tuner)",
+            "fitted_shares": [fit()], "fitted_to": [f"{c} {n}" for c, n in FIT_POINTS],
+            "points": [{key: row[key] for key in ("curve", "nodes", "published", "model", "fitted", "term", "error",
+                                                 "reading", "readings")} for row in rows],
+            "verdict": verdict(rows)}
+
+
+def alternatives_markdown(alternatives):
+    points = [f"{c} {n}" for c, n in ALTERNATIVE_POINTS] + ["8_gpus_local_batch_16"]
+    lines = ["| NCCL | algorithm | share fitted | " + " | ".join(points) + " |", "|---" * (3 + len(points)) + "|"]
+    for a in alternatives:
+        lines.append(f"| {a['nccl']} | {a['algorithm']} | {percent(a['share'])} | "
+                     + " | ".join(signed(a["residuals"][p]) for p in points) + " |")
+    return "\n".join(lines)
 
 
 def report(out_dir, image=None):
     """Everything the README quotes, one markdown table per file in ``out_dir`` (check.md, cpu.md,
     perlmutter.md, h100.md, knobs-*.md) and all of it in report.json; and the plot (``image``)."""
-    small, large = fit()
-    rows = check_rows((small, large))
-    larges = {f"real {nodes}": fit(8, nodes)[1] for nodes in (16, 32)}
-    hop, hop16 = PERLMUTTER.inter_latency, hop_to()
-    machines = {"perlmutter": fitted_machine(small, large), "h100": fitted_machine(small, large, H100)}
-    tables = predicted_tables(small, large)
+    share = fit()
+    rows = check_rows(share)
+    judged = verdict(rows)
+    shares_alone = {f"{c} {n}": share_to(c, n) for c, n in FIT_POINTS}
+    ring_share = fit(ring_only=True)
+    hypothesis = step_hypothesis()
+    alternatives = nccl_alternatives()
+    machines = {"perlmutter": fitted_machine(share), "h100": fitted_machine(share, H100)}
+    tables = predicted_tables(share)
     knobs = {name: knob_table(name) for name in machines}
     cpu = cpu_check()
-    result = {"command": "python -m benchmarks.scaling_model --report", "network_share_small": small,
-              "network_share": large, "small_job_nodes": SMALL_JOB_NODES, "network_hop_s": hop,
-              "network_hop_for_synthetic_16_s": hop16,
-              "large_share_fits": larges,
+    result = {"command": "python -m benchmarks.scaling_model --report", "nccl": NCCL_VERSION,
+              "nccl_latencies": NCCL_LATENCY, "network_share": share, "network_share_ring_only": ring_share,
+              "shares_alone": shares_alone, "step_hypothesis": hypothesis, "nccl_versions": alternatives,
               "one_gpu_rate": A100_RATE, "loader_rate": PERLMUTTER.loader_rate, "reading_error": READING_ERROR,
-              "check": rows, "cpu": cpu, "tables": tables,
+              "check": rows, "verdict": judged, "cpu": cpu, "tables": tables,
               "knobs": {name: [{"knobs": k, "real": list(r), "synthetic": list(s)} for k, r, s in ranked]
                         for name, ranked in knobs.items()}}
     made = ("Made by `python -m benchmarks.scaling_model --report`: a computation from published and "
             "committed numbers, the same on any machine.")
-    shares = whole(min(larges.values()), max(larges.values()))
-    network = (f"the network at {percent(small)} of Slingshot 11's 100 GB/s per node up to {SMALL_JOB_NODES} nodes and "
-               f"{percent(large)} from 16 (fitted to the real-data runs at 8 and 32 nodes), {1e6 * hop:.0f} us per "
-               "network hop of the ring (NCCL's own cost model)")
-    fitted = (f"Fitted: the share of Slingshot 11's 100 GB/s per node that the all-reduce's bytes reached, "
-              f"{percent(small)} up to {SMALL_JOB_NODES} nodes and {percent(large)} from 16. Not fitted: the ring's "
-              f"latency, NCCL's own cost model ({1e6 * hop:.0f} us per network hop, "
-              f"{1e6 * PERLMUTTER.intra_latency:.1f} per NVLink hop, {1e6 * PERLMUTTER.call_latency:.1f} per call); "
-              f"the synthetic run at 16 nodes would need {1e6 * hop16:.0f} us per network hop.")
+    latencies = (f"NCCL {NCCL_VERSION}'s cost model: a ring {1e6 * PERLMUTTER.call_latency:.1f} us a call, "
+                 f"{1e6 * PERLMUTTER.inter_latency:.1f} us a network hop, {1e6 * PERLMUTTER.intra_latency:.1f} us an "
+                 f"NVLink hop; a tree {1e6 * PERLMUTTER.tree_inter_latency:.0f} us a hop; the faster of the two "
+                 "per call, as NCCL's tuner picks")
+    network = (f"the network at {percent(share)} of Slingshot 11's 100 GB/s per node (fitted to the real-data runs "
+               f"at 8, 16 and 32 nodes), {latencies}")
+    fitted = (f"Fitted, one term: the share of Slingshot 11's 100 GB/s per node that the all-reduce's bytes "
+              f"reached, {percent(share)}, to the real-data runs at 8, 16 and 32 nodes together (least squares in "
+              f"units of their reading errors; each alone asks for "
+              + ", ".join(f"{percent(v)} ({k})" for k, v in shares_alone.items())
+              + f"). Not fitted: the latencies, {latencies}.")
+    alternatives_text = ("## What the NCCL version and the algorithm move\n\nEach line fits its own one share to "
+                         "the same three real-data runs; residuals against the published points.\n\n"
+                         + alternatives_markdown(alternatives) + "\n")
     texts = {
         "check": (f"# The model against the original tutorial's final scaling curves\n\n{made} The published points "
                   "are read off the original's plots (NERSC/sc22-dl-tutorial commit 2074095, 2022-11-12) by "
                   "`python -m benchmarks.read_scaling_plots`, into `benchmarks/sc22_scaling_points.json`; "
-                  f"reading error ±{READING_ERROR:.0f} samples/s.\n\n{check_markdown(rows)}\n\n"
+                  f"reading error ±{READING_ERROR:.0f} samples/s; for the rows at local batch 16, the spread of "
+                  f"their two logged epochs.\n\n{check_markdown(rows)}\n\n{verdict_line(judged)}\n\n"
                   f"Inputs: one A100 computes {A100_RATE:.0f} samples/s (synthetic --noddp), its loader delivers "
-                  f"{PERLMUTTER.loader_rate:.0f} (the loader-alone ideal line). {fitted}\n"),
+                  f"{PERLMUTTER.loader_rate:.0f} (the loader-alone ideal line). {fitted}\n\n{alternatives_text}"),
         "cpu": (f"# The model against this project's CPU measurements\n\n{made} The step times are "
                 f"[{CPU_SCALING}](../{CPU_SCALING}/README.md)'s; the gloo profiles are "
                 "[two-ranks-one-machine](../allreduce/two-ranks-one-machine.md) and "
@@ -831,8 +956,8 @@ def report(out_dir, image=None):
                  f"H100 computing {H100_RATE:.1f} samples/s (this code's, measured: the SYNTHETIC trial of the ladder's "
                  f"'{H100_RUNG}' rung in benchmarks/results/{os.path.basename(H100_RESULTS)}; "
                  f"{H100_RATE / A100_RATE:.2f} times the original's A100 at {A100_RATE:.0f}), its loader "
-                 f"bound at the A100's 937 samples/s, the network at Perlmutter's fitted shares of its datasheet "
-                 f"(an assumption) and NCCL's latencies.\n\n" + scaling_markdown(tables["h100"]) + "\n"),
+                 f"bound at the A100's 937 samples/s, the network at Perlmutter's fitted share of its datasheet "
+                 f"(an assumption) and {latencies}.\n\n" + scaling_markdown(tables["h100"]) + "\n"),
     }
     for name, ranked in knobs.items():
         gpus = 32 * machines[name].gpus_per_node
@@ -840,10 +965,9 @@ def report(out_dir, image=None):
             f"; one H100 computing {H100_RATE:.1f} samples/s (measured with this code)"
         texts[f"knobs-{name}"] = (f"# The knobs at 32 nodes ({gpus} GPUs): {machines[name].name}\n\n{made} Weak-scaling "
                                   "efficiency against as many GPUs alone, in whole percent; a range where the "
-                                  "networks the published points allow give different values (the share from the "
-                                  f"real-data run at 16 or at 32 nodes: {shares} of the datasheet's bandwidth; the "
-                                  f"network hop NCCL's {1e6 * hop:.0f} us or the {1e6 * hop16:.0f} us the synthetic run "
-                                  f"at 16 nodes asks for){extra}.\n\n" + knobs_markdown(ranked) + "\n")
+                                  "networks the published points allow give different values (NCCL's tuner's "
+                                  f"choice of ring or tree, with the share {percent(share)}, or a ring only, with the "
+                                  f"share fitted for it, {percent(ring_share)}){extra}.\n\n" + knobs_markdown(ranked) + "\n")
     os.makedirs(out_dir, exist_ok=True)
     for name, text in texts.items():
         with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
@@ -858,7 +982,7 @@ def report(out_dir, image=None):
 def figure(path, tables=None):
     """The README's plot: bs64_opt on Perlmutter and on DGX H100 nodes, the network as fitted."""
     if tables is None:
-        tables = predicted_tables(*fit())
+        tables = predicted_tables(fit())
     plot({"Perlmutter A100 (network as fitted)": tables["perlmutter"],
           "DGX H100 (network at the same share)": tables["h100"]}, path,
          "bs64_opt weak scaling, local batch 64, predicted")
@@ -879,11 +1003,12 @@ def main(argv=None):
     parser.add_argument("--disable_broadcast_buffers", action="store_true")
     parser.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp")
     parser.add_argument("--network_share", default="fitted", help="the share of the datasheet's network "
-                        "bandwidth reached, a number or 'fitted' (to the original's real-data runs at 8 and 32 nodes)")
+                        "bandwidth reached, a number or 'fitted' (to the original's real-data runs at 8, 16 and 32 nodes)")
     parser.add_argument("--network", help="a machine profile measured by benchmarks.allreduce (JSON with "
                         "latency_us and busbw_GBps): the network as measured, in place of the datasheet")
-    parser.add_argument("--check", action="store_true", help="print every published point with the model's value")
-    parser.add_argument("--json", action="store_true", help="with --check: a JSON list instead of a table")
+    parser.add_argument("--check", action="store_true", help="print every published point with the model's value, "
+                        "its residual and reading error, and a verdict")
+    parser.add_argument("--json", action="store_true", help="with --check: JSON instead of a table")
     parser.add_argument("--knobs", action="store_true", help="print the knobs' efficiencies at 32 nodes")
     parser.add_argument("--report", action="store_true", help="write benchmarks/results/scaling_model/ and "
                         "tutorial_images/scaling_model.png")
@@ -898,10 +1023,10 @@ def main(argv=None):
     if args.check:
         rows = check_rows()
         if args.json:
-            print(json.dumps([{key: row[key] for key in ("curve", "nodes", "published", "model", "fitted", "term",
-                                                         "error")} for row in rows], indent=1))
+            print(json.dumps(check_summary(rows), indent=1))
         else:
             print(check_markdown(rows))
+            print("\n" + verdict_line(verdict(rows)))
         return
     try:
         machine, share = resolve_machine(args.machine, args.network_share, args.network)
@@ -918,8 +1043,8 @@ def main(argv=None):
     # A rate given on the command line is at this local batch; the default ones are at RATE_BATCH.
     rate_batch = args.local_batch_size if args.one_gpu_rate else RATE_BATCH
     rows = scaling_table(machine, args.local_batch_size, rate, rate_batch=rate_batch, **options)
-    network = f"the network at {percent(share[0])} of its datasheet bandwidth up to {SMALL_JOB_NODES} nodes and " \
-        f"{percent(share[1])} beyond" if share is not None else f"the network measured ({machine.source})"
+    network = f"the network at {percent(share)} of its datasheet bandwidth, NCCL {NCCL_VERSION}'s latencies" \
+        if share is not None else f"the network measured ({machine.source})"
     print(f"{machine.name}: one GPU computing {rate:.0f} samples/s, {network}; local batch {args.local_batch_size}, "
           + " ".join(f"{k}={v}" for k, v in options.items()) + "\n")
     print(scaling_markdown(rows))
