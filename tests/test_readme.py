@@ -567,8 +567,8 @@ RUN = {
     "--lr_scaling=sqrt --warmup_steps=32 --bucket_cap_mb=100 --ddp_comm_hook=bf16": Run(
         append=TINY, check=check_run("demo", devices="2CPU", global_batch_size=16, warmup_steps=32,
                                      ddp_comm_hook="bf16")),
-    "python -m benchmarks.scaling_model --check": Run(data=False, check=check_output("| real | 32 | 74242 | 74242 |")),
-    "python -m benchmarks.scaling_model --check --json": Run(data=False, check=check_output('"curve": "synthetic_noddp"')),
+    "python -m benchmarks.scaling_model --check": Run(data=False, check=check_output("\nverdict: ")),
+    "python -m benchmarks.scaling_model --check --json": Run(data=False, check=check_output('"nccl": "2.15.5"')),
     "python -m benchmarks.scaling_model --knobs": Run(data=False, check=check_output("| --ddp_comm_hook=bf16 |")),
     "python -m benchmarks.scaling_model --machine h100 --local_batch_size=128 --ddp_comm_hook=bf16 --out model.png": Run(
         data=False, check=check_png("runs/benchmarks/model.png")),
@@ -745,49 +745,80 @@ def test_scaling_model_prose_is_that_of_its_report():
     with open(os.path.join(ROOT, "benchmarks", "results", "scaling_model", "report.json")) as f:
         report = json.load(f)
     rows = {(r["curve"], r["nodes"]): r for r in report["check"]}
+    pct = lambda value: f"{100 * value:.1f}%"  # noqa: E731
+    signed = lambda value: f"{100 * value:+.1f}%"  # noqa: E731
     assert f"±{report['reading_error']:.0f} samples/s" in text
     assert f"one A100 computes {report['one_gpu_rate']:.0f} samples/s" in text
     assert f"its loader delivers {report['loader_rate']:.0f}" in text
-    small, large = report["network_share_small"], report["network_share"]
-    assert f"reached {100 * small:.1f}% of Slingshot 11's 100 GB/s per node in a job of up to " \
-           f"{report['small_job_nodes']} nodes and {100 * large:.1f}% from 16 nodes" in text
-    larges = report["large_share_fits"].values()
-    assert f"{100 * min(larges):.0f}% to {100 * max(larges):.0f}% of the datasheet's" in text
-    hop16 = 1e6 * report["network_hop_for_synthetic_16_s"]
-    assert f"a network hop of {hop16:.0f} us, more than twice NCCL's {1e6 * report['network_hop_s']:.0f}" in text
-    assert f"or the {hop16:.0f} us the synthetic run at 16 nodes asks for" in text
-    assert f"network hop ({1e6 * model.PERLMUTTER.inter_latency:.0f} us) and the rest an NVLink hop " \
-           f"({1e6 * model.PERLMUTTER.intra_latency:.1f} us), plus {1e6 * model.PERLMUTTER.call_latency:.1f} us" in text
-    fitted = model.fitted_machine(small, large)
-    assert f"At 32 nodes that is {1e3 * model.allreduce_time(0, 128, fitted):.1f} ms per all-reduce" in text
+    # The network: NCCL's version and constants, and the tuner's choice.
+    nccl = report["nccl_latencies"]
+    assert report["nccl"] == model.NCCL_VERSION and f"in nccl {report['nccl']}" in text
+    assert f"a ring costs {1e6 * nccl['call_latency']:.1f} us a call" in text
+    assert f"of which 2 x nodes count as network hops ({1e6 * nccl['inter_latency']:.1f} us) and the rest as " \
+           f"NVLink hops ({1e6 * nccl['intra_latency']:.1f} us)" in text
+    assert f"2 x bytes / ({nccl['tree_bw_share']} x bus bandwidth)" in text
+    assert f"hops of {1e6 * nccl['tree_inter_latency']:.0f} us" in text
+    share = report["network_share"]
+    fitted = model.fitted_machine(share)
+    ring = model.dataclasses.replace(fitted, ring_only=True)
+    assert f"a ring's latency is {1e3 * model.allreduce_time(0, 128, ring):.2f} ms a call and a tree's " \
+           f"{1e3 * model.allreduce_time(0, 128, fitted):.2f}" in text
+    cut = model.buckets(model.unet(), 25, 1.0)
+    trees = {n: sum(model.allreduce_time(b, 4 * n, fitted) < model.allreduce_time(b, 4 * n, ring) for b, _ in cut)
+             for n in (2, 4, 8, 16, 32)}
+    assert f"(all {len(cut)} at 32 nodes, {trees[16]} of {len(cut)} at 16, none up to 8 nodes)" in text
+    assert trees[32] == len(cut) and trees[2] == trees[4] == trees[8] == 0
+    later = model.NCCL_VERSIONS["2.18 (AMD hosts)"]
+    assert f"2.18: a {1e6 * later['inter_latency']:.0f} us network hop" in text
+    assert f"a {1e6 * later['intra_latency']:.0f} us NVLink hop in a multi-node ring" in text
+    # The loader's two hypotheses: the page cache and the loader-alone curve.
+    alone = model.CURVES["loader"][32] / model.CURVES["loader_ideal"][32]
+    assert f"the loader-alone curve reaches {pct(alone)} of its ideal line at 32 nodes" in text
+    # The fit, the verdict and the points N times an input.
+    counted = [r for r in report["check"] if r["term"].startswith("N x")]
+    assert len(counted) == 7 and "seven are N times an input" in text
+    assert report["verdict"] == model.verdict(model.check_rows()) and \
+        model.verdict_line(report["verdict"]) in text
+    assert f"points within {model.VERDICT_READINGS} times their reading error" in text
+    alone = report["shares_alone"]
+    assert f"the run at 8 nodes asks for {pct(alone['real 8'])} of the datasheet, the run at 16 for " \
+           f"{pct(alone['real 16'])} and the run at 32 for {pct(alone['real 32'])}; one share, {pct(share)}, meets " \
+           "them to {}, {} and {}".format(*(signed(rows[("real", n)]["error"]).replace("-0.0%", "+0.0%")
+                                            for n in (8, 16, 32))) in text
     busy = {n: 1e3 * (model.step_time(fitted, 4 * n, 64, report["one_gpu_rate"], rate_batch=64).loader
-                      - 64 / fitted.loader_rate) for n in (8, 16, 32)}
-    assert f"{busy[8]:.1f} ms at 8 nodes, {busy[16]:.1f} at 16 and {busy[32]:.1f} at 32" in text
-    one = model.fitted_machine(large, large)  # one share for every job
-    eight = model.curve_model("real", 8, one) / model.CURVES["real"][8] - 1
-    row = model.step_time(one, 8, 16, report["one_gpu_rate"], bucket_cap_mb=100, broadcast_buffers=False,
-                          rate_batch=64).samples_per_s / model.ROWS_16[8] - 1
-    assert f"misses the 8-node run by {100 * eight:+.1f}% and the earlier README's 2-node row by {100 * row:+.1f}%" in text
-    assert f"comes out at {100 * rows[('8_gpus_local_batch_16', 2)]['error']:+.1f}% and the 16-node run at " \
-           f"{100 * rows[('real', 16)]['error']:+.1f}%" in text
-    row_step = model.step_time(fitted, 8, 16, report["one_gpu_rate"], bucket_cap_mb=100, broadcast_buffers=False,
-                               rate_batch=64)
-    assert f"the model's step there is {1e3 * row_step.step:.1f} ms ({1e3 * row_step.compute:.1f} of compute, " \
-           f"{1e3 * row_step.ddp_gpu:.1f} of DDP on the GPU, {1e3 * row_step.exposed:.1f} of network" in text
-    slow = model.fitted_machine(small, large, hop=report["network_hop_for_synthetic_16_s"])
-    low = model.curve_model("synthetic", 32, slow) / model.CURVES["synthetic"][32] - 1
-    assert f"would then put the 32-node run {-100 * low:.1f}% low" in text
+                      - 64 / fitted.loader_rate) for n in (1, 2, 8, 16, 32)}
+    assert f"the loader's {1e3 * 64 / fitted.loader_rate:.0f} ms plus the time" in text
+    assert f"({busy[16]:.1f} ms at 16 nodes, {busy[32]:.1f} at 32," in text
+    assert f"Part of the rise from {busy[8]:.1f} ms at 8 nodes is NCCL's own" in text
+    # The step between 8 and 16 nodes, a hypothesis on the 2-node row.
+    row8 = rows[("8_gpus_local_batch_16", 2)]
+    hypothesis = report["step_hypothesis"]
+    assert hypothesis["residual"] == pytest.approx(row8["error"])
+    assert f"comes out at {signed(row8['error'])} with the one share, {row8['readings']:.1f} times its spread; " \
+           f"alone it asks for {pct(hypothesis['share_for_2_node_row'])} of the datasheet, a step up from the " \
+           f"larger jobs' {pct(share)}" in text
+    assert f"its two logged epochs differ by {pct(row8['reading'])}" in text
+    # The synthetic runs the model misses, and what the version and the algorithm move.
     exposed = {n: next(r for r in report["tables"]["perlmutter"] if r["nodes"] == n)["exposed_ms"] for n in (16, 32)}
-    assert f"{exposed[16]:.1f} ms at 16 nodes, {exposed[32]:.1f} at 32" in text
+    assert f"({exposed[16]:.1f} ms exposed at 16 nodes, {exposed[32]:.1f} at 32)" in text
+    assert f"puts the synthetic runs {signed(rows[('synthetic', 16)]['error'])} and " \
+           f"{signed(rows[('synthetic', 32)]['error'])} above the published points" in text
     asked = []
     for n in (16, 32):  # the published synthetic step less the model's compute and DDP's work on the GPU
         modelled = model.step_time(fitted, 4 * n, 64, report["one_gpu_rate"], rate_batch=64)
         asked.append(1e3 * (64 * 4 * n / model.CURVES["synthetic"][n] - modelled.compute - modelled.ddp_gpu))
-    assert "the published points ask for {:.1f} and {:.1f}".format(*asked) in text
-    assert f"(+{100 * rows[('synthetic', 32)]['error']:.1f}%, twice its reading error)" in text
+    assert "which ask for {:.1f} and {:.1f} ms of exposed network".format(*asked) in text
+    versions = {(a["nccl"], a["algorithm"]): a for a in report["nccl_versions"]}
+    ring15, ring18 = versions[("2.15.5", "ring")], versions[("2.18 (AMD hosts)", "ring")]
+    assert ring15["share"] == pytest.approx(report["network_share_ring_only"])
+    assert f"the share fitted for it ({pct(ring15['share'])}), comes closer " \
+           f"({signed(ring15['residuals']['synthetic 16'])}, {signed(ring15['residuals']['synthetic 32'])}), and " \
+           f"with 2.18's ring constants closer still ({signed(ring18['residuals']['synthetic 16'])}, " \
+           f"{signed(ring18['residuals']['synthetic 32'])})" in text
     per_node = [model.CURVES["real_noddp"][n] / n for n in (8, 16, 32)]
     assert "deliver {:.0f}, {:.0f} and {:.0f} samples/s per node".format(*per_node) in text
     assert f"{100 * (max(per_node) / min(per_node) - 1):.1f}% apart" in text
+    # The gradients' timeline and DDP's work on the GPU.
     network = model.unet()
     total = sum(g.bytes for g in network.gradients)
     ready = sum(g.bytes for g in network.gradients if 0.66 <= g.ready <= 0.74) / total
@@ -796,31 +827,49 @@ def test_scaling_model_prose_is_that_of_its_report():
     assert f"{100 * ready:.0f}% of the gradient bytes become ready between 66% and 74%" in text
     assert f"about {before:.0f} MiB before and {after:.0f} MiB after" in text
     assert f"{total / 1e6:.0f} MB of fp32 gradients" in text
-    machine = model.fitted_machine(small, large)
-    step = model.step_time(machine, 128, 64, report["one_gpu_rate"])
+    step = model.step_time(fitted, 128, 64, report["one_gpu_rate"])
     assert f"{1e3 * step.ddp_gpu:.1f} ms per step that the backward pass does not hide" in text
     slower = 1 - model.CURVES["synthetic"][1] / (model.CURVES["synthetic_noddp"][32] / 32)
     assert f"synthetic data runs {100 * slower:.0f}% slower with DDP" in text
-    apart = model.dataclasses.replace(machine, loader_shares_network=False)
+    apart = model.dataclasses.replace(fitted, loader_shares_network=False)
     missed = model.curve_model("real", 8, apart) / model.CURVES["real"][8] - 1
     assert f"misses the real-data run at 8 nodes by {100 * missed:.0f}%" in text
-    two = model.step_time(machine, 8, 64, report["one_gpu_rate"])
-    assert f"the loader's {1e3 * 64 / machine.loader_rate:.0f} ms plus the " \
-           f"{1e3 * (two.loader - 64 / machine.loader_rate):.0f} to {1e3 * (step.loader - 64 / machine.loader_rate):.0f} ms" in text
+    assert f"plus the {busy[2]:.0f} to {busy[32]:.0f} ms the all-reduce's bytes hold the network" in text
     assert f"{model.CURVES['real'][32]:.0f} / {model.CURVES['loader_ideal'][32]:.0f} = " \
            f"{100 * model.CURVES['real'][32] / model.CURVES['loader_ideal'][32]:.1f}%" in text
-    assert f"({100 * rows[('synthetic', 16)]['error']:+.1f}%)" in text
-    four, eight = rows[("4_gpus_local_batch_16", 1)]["error"], rows[("8_gpus_local_batch_16", 2)]["error"]
-    assert f"(4 GPUs {100 * four:+.1f}%, 8 GPUs {100 * eight:+.1f}%)" in text
+    # The rows at local batch 16.
+    four = rows[("4_gpus_local_batch_16", 1)]["error"]
+    assert f"(4 GPUs {signed(four)}, 8 GPUs {signed(row8['error'])})" in text
     assert f"({100 * model.PER_STEP_SHARE:.1f}% of a batch-64 step's compute is paid once per step" in text
     h200 = model.per_step_share(os.path.join(ROOT, "benchmarks", "results", "nvidia-h200-2026-11-26.json"))
     assert f"0.532 ms per sample and 5.4 ms per step: {100 * h200:.1f}%" in text  # the H200's corroboration
-    overhead = [100 * rows[("comm_overhead_synthetic", n)]["published"] for n in (8, 16)]
-    assert f"from {overhead[0]:.1f}% to {overhead[1]:.1f}% between 8 and 16 nodes" in text
+    row_step = model.step_time(fitted, 8, 16, report["one_gpu_rate"], bucket_cap_mb=100, broadcast_buffers=False,
+                               rate_batch=64)
+    assert f"the model's step there is {1e3 * row_step.step:.1f} ms ({1e3 * row_step.compute:.1f} of compute, " \
+           f"{1e3 * row_step.ddp_gpu:.1f} of DDP on the GPU, {1e3 * row_step.exposed:.1f} of network" in text
+    assert f"against the published {1e3 * 8 * 16 / model.ROWS_16[8][0]:.1f}" in text
+    # The tables' prose: one node, the knobs' ranges, accumulation as the flag does it, the H100.
     one_node = next(r for r in report["tables"]["perlmutter"] if r["gpus"] == 4)
     assert f"only DDP's work on the GPU costs ({100 * (1 - one_node['synthetic_efficiency']):.0f}%)" in text
-    h100 = {k["knobs"]: k for k in report["knobs"]["h100"]}["bs64_opt as published (the baseline)"]
-    assert f"{100 * h100['synthetic'][0]:.0f}-{100 * h100['synthetic'][1]:.0f}% for bs64_opt" in text
+    assert f"with the one share, {pct(share)} of the datasheet's 100 GB/s per node, or a ring only with the " \
+           f"share fitted for it, {pct(report['network_share_ring_only'])})" in text
+    base = model.step_time(fitted, 128, 64, report["one_gpu_rate"], rate_batch=64)
+    accumulated = model.step_time(fitted, 128, 64, report["one_gpu_rate"], rate_batch=64, grad_accum_steps=2)
+    assert f"twice ({1e3 * accumulated.compute:.1f} ms a step against {1e3 * base.compute:.1f})" in text
+    assert f"({1e3 * accumulated.exposed:.1f} ms exposed against {1e3 * base.exposed:.1f})" in text
+    knobs = {k["knobs"]: k for k in report["knobs"]["perlmutter"]}
+    accumulation, baseline = knobs["--grad_accum_steps=2"], knobs["bs64_opt as published (the baseline)"]
+    assert round(100 * accumulation["real"][1]) == round(100 * baseline["real"][1])
+    assert f"stays at the baseline's {100 * baseline['real'][1]:.0f}% with real data" in text
+    assert f"falls to {100 * accumulation['synthetic'][0]:.0f}-{100 * accumulation['synthetic'][1]:.0f}% " \
+           "with synthetic data" in text
+    h100 = model.fitted_machine(share, model.H100)
+    h100_ring = model.dataclasses.replace(h100, ring_only=True)
+    assert f"On 256 ranks a ring all-reduce has 510 steps, 64 of them across the network: " \
+           f"{1e3 * model.allreduce_time(0, 256, h100_ring):.2f} ms of latency a call, against " \
+           f"{1e3 * model.allreduce_time(0, 256, h100):.2f} for the tree" in text
+    knob = {k["knobs"]: k for k in report["knobs"]["h100"]}["bs64_opt as published (the baseline)"]
+    assert f"{100 * knob['synthetic'][0]:.0f}-{100 * knob['synthetic'][1]:.0f}% for bs64_opt" in text
 
 
 # Commands run here whose inputs come from README commands that are not (the sbatch loop of the
