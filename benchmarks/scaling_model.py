@@ -516,7 +516,7 @@ def row_16(machine, gpus):
                      rate_batch=RATE_BATCH).samples_per_s
 
 
-# The step between 8 and 16 nodes, a hypothesis: the earlier README's 2-node row at local batch 16 asks for
+# The step between 8 and 16 nodes, a hypothesis: the 2-node row at local batch 16 (ROWS_16) asks for
 # a larger share than the one fitted (its step is the only published one that needs two); the 16- and
 # 32-node real-data runs do not.
 def step_hypothesis():
