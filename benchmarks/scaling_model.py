@@ -585,7 +585,8 @@ def check_rows(share=None):
     add("comm_overhead_real (README text)", 32, TEXT["comm_overhead_real"],
         1 - real[32] / curve_model("real_noddp", 32, machine), ratio=True, reading=0.005)
     for gpus, (value, other_epoch) in ROWS_16.items():
-        add(f"{gpus}_gpus_local_batch_16", gpus // 4, value, row_16(machine, gpus), reading=abs(other_epoch / value - 1))
+        add(f"{gpus}_gpus_local_batch_16", gpus // 4, value, row_16(machine, gpus),
+            reading=abs(other_epoch / value - 1))
     return rows
 
 
@@ -606,8 +607,8 @@ def verdict_line(result):
     head = (f"verdict: {'PASS' if result['pass'] else 'FAIL'}: {result['within']} of {result['checked']} points "
             f"within {result['tolerance_readings']} times their reading error")
     misses = [f"{m['curve']} at {m['nodes']} nodes {100 * m['error']:+.1f}"
-              f"{'%' if not m['curve'].startswith(RATIO_CURVES) else ' points'} ({m['readings']:.1f} times its reading error)"
-              for m in result["misses"]]
+              f"{' points' if m['curve'].startswith(RATIO_CURVES) else '%'} "
+              f"({m['readings']:.1f} times its reading error)" for m in result["misses"]]
     return head + ("; missed: " + ", ".join(misses) if misses else "")
 
 
@@ -967,7 +968,8 @@ def report(out_dir, image=None):
                                   "efficiency against as many GPUs alone, in whole percent; a range where the "
                                   "networks the published points allow give different values (NCCL's tuner's "
                                   f"choice of ring or tree, with the share {percent(share)}, or a ring only, with the "
-                                  f"share fitted for it, {percent(ring_share)}){extra}.\n\n" + knobs_markdown(ranked) + "\n")
+                                  f"share fitted for it, {percent(ring_share)}){extra}.\n\n"
+                                  + knobs_markdown(ranked) + "\n")
     os.makedirs(out_dir, exist_ok=True)
     for name, text in texts.items():
         with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
@@ -1003,7 +1005,8 @@ def main(argv=None):
     parser.add_argument("--disable_broadcast_buffers", action="store_true")
     parser.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp")
     parser.add_argument("--network_share", default="fitted", help="the share of the datasheet's network "
-                        "bandwidth reached, a number or 'fitted' (to the original's real-data runs at 8, 16 and 32 nodes)")
+                        "bandwidth reached, a number or 'fitted' (to the original's real-data runs at 8, 16 and 32 "
+                        "nodes)")
     parser.add_argument("--network", help="a machine profile measured by benchmarks.allreduce (JSON with "
                         "latency_us and busbw_GBps): the network as measured, in place of the datasheet")
     parser.add_argument("--check", action="store_true", help="print every published point with the model's value, "
