@@ -16,8 +16,8 @@ It is host time (the wall clock, on CPU and GPU alike): a host loader's workers 
 the host is busy launching the step, so the host waits in ``next()`` only for what they have not
 finished, which is the time the device goes without work once the host has caught up with it. The
 copy from pinned memory is queued, not waited for (from pageable memory it would wait for the device's
-earlier work too). A rank whose data wait comes near or above its step's own time is fed slower than it
-computes: the loader sets the pace there.
+earlier work too). A data wait that is a sizeable share of the step's own time says that the loader,
+not the device, sets that rank's pace.
 
 Each rank averages its own steps and data waits; at the epoch's end one all-gather of three numbers
 per rank (never one per step) gives rank 0 the spreads, logged as
