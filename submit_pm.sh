@@ -48,7 +48,7 @@
 #                  containers see it as /logs. Runs are <LOG_DIR>/<config>/<N>GPU/<run_num>/.
 #   TRAIN_SCRIPT   train.py (default) or train_graph.py
 #   ENABLE_PROFILING=1, PROFILE_OUTPUT=name   run every rank under
-#                  nsys profile --trace=cuda,cublas,nvtx --kill none -c cudaProfilerApi -f true -o name
+#                  nsys profile --trace=cuda,cudnn,nvtx --kill none -c cudaProfilerApi -f true -o name
 #                  (ranks other than 0 write name_rank<N>); nsys must be on PATH where the ranks run.
 #   BENCHY_OUTPUT, BENCHY_CONFIG_FILE   passed to the ranks for --enable_benchy: results go to
 #                  $BENCHY_OUTPUT.json; the trials are set in benchy_config.yaml unless BENCHY_CONFIG_FILE.
@@ -233,7 +233,7 @@ if [ "$ENABLE_PROFILING" = 1 ]; then
     fi
     output=$PROFILE_OUTPUT
     [ "$RANK" = 0 ] || output=${PROFILE_OUTPUT}_rank$RANK
-    set -- nsys profile --trace=cuda,cublas,nvtx --kill none -c cudaProfilerApi -f true -o "$output" "$@"
+    set -- nsys profile --trace=cuda,cudnn,nvtx --kill none -c cudaProfilerApi -f true -o "$output" "$@"
 fi
 exec "$@"'
 

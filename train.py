@@ -493,8 +493,8 @@ def main(argv=None, make_step=None, graph_capture=False):
     precision = Precision(params.amp_mode, device, cache=not graph_capture)
     loss_fn = build_loss(params)
     step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
-    spread = step_spread(model, device, world)  # each rank's own step time, gathered once an epoch
-    step_fn = spread.timed(step_fn)
+    spread = step_spread(model, device, world)  # each rank's own step and data wait, gathered once an epoch
+    step_fn, train_move = spread.timed(step_fn), spread.timed_copy(move)
     model = compile_model(model, params)
     stop = StopSignals(world, device)  # from here on, Ctrl-C and SIGTERM stop at the next step
     progress = Progress(enabled=world.is_main)  # a bar on a terminal, else a log line every minute
@@ -520,8 +520,8 @@ def main(argv=None, make_step=None, graph_capture=False):
             train_loader.sampler.set_epoch(epoch, start=position.batch_in_epoch * train_loader.batch_size)
             remaining = len(train_loader)  # fewer batches after a resume; a trial's under benchy
             start = time.time()
-            losses = train_one_epoch(step_fn, progress(train_loader, f"epoch {epoch + 1}"), optimizer, schedule,
-                                     position.step, move, stop, profiling)
+            losses = train_one_epoch(step_fn, progress(spread.waited(train_loader), f"epoch {epoch + 1}"), optimizer,
+                                     schedule, position.step, train_move, stop, profiling)
             position = position.advanced(len(losses))
             check_finite(losses, position.step, run_dir, world)  # waits for the device
             elapsed = time.time() - start

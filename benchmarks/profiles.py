@@ -166,7 +166,7 @@ def find_nsys():
 def try_nsys(nsys, command, out_base, log_path, timeout):
     """Profile ``command`` under Nsight Systems; returns ``{file}`` or ``{error}``, honestly. All of it,
     the importer of a .qdstrm capture included, ends within ``timeout`` seconds."""
-    wrapped = [nsys, "profile", "--trace=cuda,cublas,nvtx", "-c", "cudaProfilerApi", "--kill", "none", "-f", "true",
+    wrapped = [nsys, "profile", "--trace=cuda,cudnn,nvtx", "-c", "cudaProfilerApi", "--kill", "none", "-f", "true",
                "-o", out_base, sys.executable, *command]
     deadline = time.monotonic() + timeout
     code = run(wrapped, log_path, timeout)
@@ -250,7 +250,7 @@ def profile_rung(rung, preset, args, common, work_dir, device, nsys=None, nsys_e
                                   steps, extra=["--enable_manual_profiling"])
             entry["nsys"] = try_nsys(nsys, manual, os.path.join(args.out_dir, slug),
                                      os.path.join(args.out_dir, f"{slug}_nsys.log"), args.timeout)
-            entry["nsys"]["command"] = (f"nsys profile --trace=cuda,cublas,nvtx -c cudaProfilerApi --kill none -f true -o "
+            entry["nsys"]["command"] = (f"nsys profile --trace=cuda,cudnn,nvtx -c cudaProfilerApi --kill none -f true -o "
                                         f"{slug} python " + shlex.join(relative_args(manual)))
     return entry
 

@@ -1,14 +1,19 @@
 """Gradient accumulation (utils/accumulation.py, --grad_accum_steps): K micro-batches of B train as one
 batch of K*B, on one rank and on two gloo ranks (DDP, FSDP), in float64 with train.py's own step; DDP
-all-reduces each bucket once per optimiser step, not K times; options that cannot work are refused;
-train.py counts steps and samples as without it."""
+all-reduces each bucket once per optimiser step, not K times; FSDP keeps the weights it gathered for a
+backward until the next micro-batch's forward; options that cannot work are refused; train.py counts
+steps and samples as without it."""
+import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import dist_worker
-from conftest import run_train
+from conftest import ROOT, run_train
 from test_distributed import assert_matches_reference, load, logs, ranks, requires_fully_shard
 from test_train import data_args, read_events
 from utils.YParams import load_params
@@ -74,6 +79,60 @@ def test_ddp_with_accumulation_matches_one_rank(accumulated, variant):
 def test_fsdp_with_accumulation_matches_one_rank(accumulated):
     results = load(accumulated, "fsdp_k2")
     assert_matches_reference(results[0], accumulated[1])
+
+
+# Two gloo ranks shard the float64 test U-Net as train.py does (utils.distributed.shard_model: each block,
+# then the root) and count FSDP's all-gathers in one optimiser step of train.py's step, for K = 1, 2, 4.
+ALL_GATHER_WORKER = """
+import json, sys
+import torch, torch.distributed as dist
+calls = []
+for name in ("all_gather_single", "all_gather_into_tensor"):  # FSDP's all-gather, by torch version
+    if hasattr(dist, name):
+        def counted(*args, _collective=getattr(dist, name), **kwargs):
+            calls.append(name)
+            return _collective(*args, **kwargs)
+        setattr(dist, name, counted)
+sys.path.insert(0, "tests")
+from dist_worker import GradAccumulation, Precision, build, build_loss, distributed, global_batch, make_params
+from dist_worker import train_py_step, training_loss
+world, cpu = distributed.read_world(), torch.device("cpu")
+distributed.init_process_group(world, cpu, make_params())
+counts = {}
+for steps in (1, 2, 4):
+    params = make_params(parallel="fsdp", grad_accum_steps=steps)
+    model, optimizer = build(params, world, cpu)
+    accumulation = GradAccumulation(model, steps)
+    for step in range(2):  # the first makes FSDP's lazy state; the second is counted
+        before = len(calls)
+        train_py_step(training_loss(model, build_loss(params), params), optimizer, Precision("none", cpu),
+                      accumulation, *global_batch(step))
+    counts[steps] = len(calls) - before
+counts["blocks"] = len(model.down) + len(model.up)
+if world.rank == 0:
+    json.dump(counts, open(sys.argv[1], "w"))
+distributed.shutdown(world)
+"""
+
+
+@requires_fully_shard
+@pytest.mark.skipif(not hasattr(getattr(torch.distributed.fsdp, "FSDPModule", None), "set_reshard_after_backward"),
+                    reason="this torch's fully_shard has no set_reshard_after_backward")
+def test_fsdp_gathers_the_weights_again_for_a_later_micro_batch_only_for_its_backward(tmp_path):
+    """One micro-batch (K = 1) gathers each unit's weights for its forward and each block's again for its
+    backward (the root keeps its own after the forward). A later micro-batch finds the weights its
+    predecessor's backward kept (set_reshard_after_backward(False)) and gathers only each block's, for its
+    backward; without that each micro-batch would pay K = 1's gathers again (2x and 4x for K = 2, 4)."""
+    worker, counts_path = tmp_path / "worker.py", tmp_path / "counts.json"
+    worker.write_text(ALL_GATHER_WORKER)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             str(worker), str(counts_path)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    counts = json.loads(counts_path.read_text())
+    blocks = counts["blocks"]
+    assert counts["1"] == 2 * blocks + 1, counts  # forward: the blocks and the root; backward: the blocks
+    assert counts["2"] == counts["1"] + blocks and counts["4"] == counts["1"] + 3 * blocks, counts
 
 
 def assert_one_all_reduce_per_bucket(result):

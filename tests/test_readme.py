@@ -171,6 +171,53 @@ def test_the_loader_ratio_quoted_is_that_of_the_ladder():
     assert len(quoted) >= 3 and set(quoted) == {f"{ratio:.1f}"}, (quoted, ratio)
 
 
+def test_the_prefetchers_numbers_are_those_of_the_h100_loader_rungs():
+    """docs/03's reading of the device prefetcher: step times, the IO difference and the bandwidth a copy would
+    need, recomputed from the loaders' results file it links (batch 64, a 604 MB batch, PCIe Gen5 x16's 64 GB/s)."""
+    with open(os.path.join(ROOT, "benchmarks", "results", "loaders", "nvidia-h100-80gb-hbm3-2026-11-25.json")) as f:
+        runs = {run["name"]: run for run in json.load(f)["runs"]}
+    with_it, without = runs["lowmem, 8 workers + device prefetch"], runs["lowmem, 8 workers"]
+    batch, batch_bytes = 64, 64 * 64 ** 3 * 9 * 4
+    ms = {(name, kind): 1e3 * batch / run[kind] for name, run in (("with", with_it), ("without", without))
+          for kind in ("full", "synthetic")}
+    copy_s = (ms["without", "synthetic"] - ms["with", "synthetic"]) / 1e3
+    expected = [f"{ms['without', 'full']:.1f} ms a step", f"took {ms['without', 'synthetic']:.1f} ms",
+                f"some {ms['without', 'full'] - ms['without', 'synthetic']:.0f} ms",
+                f"{100 * (with_it['full'] / without['full'] - 1):.1f}% faster", f"({ms['with', 'full']:.1f} ms a step)",
+                f"{100 * (with_it['io'] / without['io'] - 1):.1f}% faster", f"{copy_s * 1e3:.1f} ms, while the",
+                f"{ms['without', 'synthetic']:.1f} against {ms['with', 'synthetic']:.1f} ms",
+                f"{batch_bytes / 1e6:.0f} MB batch needs at least {batch_bytes / 64e9 * 1e3:.1f} ms",
+                f"would mean {batch_bytes / copy_s / 1e9:.0f} GB/s"]
+    text = " ".join(FILES["docs/03-profiling-and-optimisation.md"].split())
+    assert [quote for quote in expected if quote not in text] == []
+
+
+def test_the_padding_share_of_the_counted_flops_is_counted():
+    """docs/03's share of the full-scale U-Net's counted FLOPs that touch zero padding at 64^3: each layer's
+    FLOPs from torch's FLOP counter, times the share of its (position, tap) pairs that fall on the padding."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from networks.UNet import UNet
+
+    with torch.device("meta"):
+        model, inputs = UNet(4, 5, 64, True), torch.empty(1, 4, 64, 64, 64)
+    sides = {}
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.Conv3d, torch.nn.ConvTranspose3d)):
+            # the layer's larger side: a convolution's input, a transposed convolution's output
+            module.register_forward_hook(lambda m, i, o, name=name: sides.__setitem__(name, max(i[0].shape[-1],
+                                                                                                  o.shape[-1])))
+    counter = FlopCounterMode(display=False, depth=None)
+    with counter:
+        model(inputs).sum().backward()
+    counts = counter.get_flop_counts()
+    total = counter.get_total_flops()
+    # Along an axis of side n, kernel 4, stride 2, padding 1: 2 of the 2n (position, tap) pairs fall on the padding.
+    padded = sum(sum(counts[f"UNet.{name}"].values()) * (1 - (1 - 1 / n) ** 3) for name, n in sides.items())
+    text = " ".join(FILES["docs/03-profiling-and-optimisation.md"].split())
+    assert (f"{padded / 1e9:.2f} of the full-scale U-Net's {total / 1e9:.2f} GFLOP per 64^3 sample, "
+            f"{100 * padded / total:.1f}%") in text
+
+
 TRACKS = ("## CPU track", "## GPU/cluster track")
 
 

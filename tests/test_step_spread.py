@@ -1,8 +1,9 @@
-"""utils/step_spread.py: the spread of step times across ranks, once an epoch.
+"""utils/step_spread.py: the spread of step times and data waits across ranks, once an epoch.
 
 Three real gloo ranks run train.py under torchrun, one of them made a straggler (it sleeps in each of
-its steps, tests/straggler_worker.py): the epoch's line and TensorBoard must name it, with the spread
-it makes, from one all-gather per epoch.
+its steps) and another starved of data (it sleeps in its training loader, tests/straggler_worker.py):
+the epoch's lines and TensorBoard must name the first as the slowest step and the second as the
+longest data wait, with the spreads they make, from one all-gather per epoch.
 """
 import logging
 import os
@@ -19,7 +20,8 @@ from utils.logging_utils import TensorBoard
 from utils.step_spread import StepSpread
 
 SLEEP_S = 0.3
-STRAGGLER = 1
+STRAGGLER = 1  # sleeps in its forward
+STARVED = 2    # sleeps in its training loader
 
 
 def test_one_rank_times_each_step_to_its_last_gradient():
@@ -39,11 +41,49 @@ def test_one_rank_times_each_step_to_its_last_gradient():
         step(torch.randn(2, 4), torch.randn(2, 1))
     mean = spread.mean_seconds()
     assert 0.05 <= mean < 0.15, mean
-    assert spread.gather() == [[pytest.approx(mean), 3.0]] and spread.steps == []  # gathered: starts afresh
+    assert spread.gather() == [[pytest.approx(mean), 3.0, pytest.approx(0.0, abs=0.01)]] and spread.steps == []
+
+
+def test_one_rank_counts_the_loaders_next_and_the_copy_as_data_wait_not_the_step():
+    """A sleep in the loader's next() and one in the copy are the data wait, and not in the step; a sleep in
+    the step is in the step, and not in the data wait."""
+    import time
+
+    model = torch.nn.Linear(4, 1)
+    spread = StepSpread(model, torch.device("cpu"), World())
+
+    def batches():
+        for _ in range(3):
+            time.sleep(0.1)  # a starved loader
+            yield torch.randn(2, 4), torch.randn(2, 1)
+
+    class Loader:
+        def __len__(self):
+            return 3
+
+        def __iter__(self):
+            return batches()
+
+    def move(tensor):
+        time.sleep(0.02)  # the copy: twice a step (inputs and targets)
+        return tensor
+
+    def step(inputs, targets):
+        time.sleep(0.05)
+        ((model(inputs) - targets) ** 2).mean().backward()
+
+    step, move, loader = spread.timed(step), spread.timed_copy(move), spread.waited(Loader())
+    assert len(loader) == 3
+    for inputs, targets in loader:
+        step(move(inputs), move(targets))
+    wait, own = spread.mean_wait_seconds(), spread.mean_seconds()
+    assert 0.14 <= wait < 0.3 and 0.05 <= own < 0.13, (wait, own)
+    assert spread.gather() == [[pytest.approx(own), 3.0, pytest.approx(wait)]] and spread.waiting == 0.0
 
 
 def test_a_step_without_a_gradient_is_not_measured(caplog, tmp_path):
-    """A step whose gradients no hook sees (a replayed CUDA graph) makes the mean NaN: 'not measured'."""
+    """A step whose gradients no hook sees (a replayed CUDA graph) makes the mean NaN: 'not measured'; the
+    data wait, on the host's clock, is still logged."""
     model = torch.nn.Linear(4, 1)
     spread = StepSpread(model, torch.device("cpu"), World())
     spread.timed(lambda inputs, targets: model(inputs).sum().backward())(torch.randn(2, 4), None)
@@ -51,15 +91,17 @@ def test_a_step_without_a_gradient_is_not_measured(caplog, tmp_path):
     assert spread.mean_seconds() != spread.mean_seconds()
     tensorboard = TensorBoard(str(tmp_path), enabled=True)
     with caplog.at_level(logging.INFO):
-        assert spread.log(tensorboard, 2) is None
+        logged = spread.log(tensorboard, 2)
     assert "Step time across ranks: not measured" in caplog.text
+    assert "Data wait across ranks (next batch and its copy to the device, host time): min 0.0000 s" in caplog.text
+    assert sorted(logged) == ["data_wait_longest_rank", "data_wait_max_s", "data_wait_median_s", "data_wait_min_s"]
     caplog.clear()
     with caplog.at_level(logging.INFO):  # an epoch without steps (resumed after its training): nothing
         assert spread.log(tensorboard, 2) is None
     assert caplog.text == ""
 
 
-def test_train_py_names_the_straggler_from_one_gather_an_epoch(data_files, tmp_path):
+def test_train_py_names_the_straggler_and_the_starved_rank_from_one_gather_an_epoch(data_files, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     counts = tmp_path / "counts"
@@ -69,7 +111,7 @@ def test_train_py_names_the_straggler_from_one_gather_an_epoch(data_files, tmp_p
                f"--train_path={data_files['train']}", f"--val_path={data_files['valid']}", f"--expdir={tmp_path}",
                "--run_num=straggler", "--global_batch_size=3", "--num_epochs=2", "--val_metrics=false"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TEST_STRAGGLER_RANK": str(STRAGGLER),
-           "TEST_STRAGGLER_SLEEP_S": str(SLEEP_S), "TEST_GATHER_COUNTS": str(counts)}
+           "TEST_STARVED_RANK": str(STARVED), "TEST_STRAGGLER_SLEEP_S": str(SLEEP_S), "TEST_GATHER_COUNTS": str(counts)}
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run_dir = tmp_path / "test" / "3CPU" / "straggler"
@@ -82,10 +124,20 @@ def test_train_py_names_the_straggler_from_one_gather_an_epoch(data_files, tmp_p
         # The straggler's own steps are a sleep longer; the others' are not: the all-reduce's wait is
         # not in them (timed to the end of the step, every rank would show the straggler's pace).
         assert int(slowest) == STRAGGLER and high - median > 0.8 * SLEEP_S and low <= median, lines
+    # The starved rank waits a sleep longer for each batch, outside its step; the others do not (the
+    # all-reduce's wait for it is in their steps, after their own work, so in neither number).
+    waits = re.findall(r"Data wait across ranks \(next batch and its copy to the device, host time\): "
+                       r"min ([\d.]+) s, median ([\d.]+) s, max ([\d.]+) s \(rank (\d+), the longest\)", log)
+    assert len(waits) == 2, log[-3000:]
+    for low, median, high, longest in waits:
+        low, median, high = float(low), float(median), float(high)
+        assert int(longest) == STARVED and high - median > 0.8 * SLEEP_S and median < 0.5 * SLEEP_S, waits
     events = EventAccumulator(str(run_dir / "logs"), size_guidance={"scalars": 0})
     events.Reload()
     assert [e.value for e in events.Scalars("Step spread/slowest_rank")] == [STRAGGLER, STRAGGLER]
     assert [round(e.value, 4) for e in events.Scalars("Step spread/max_s")] == [float(line[2]) for line in lines]
+    assert [e.value for e in events.Scalars("Step spread/data_wait_longest_rank")] == [STARVED, STARVED]
+    assert [round(e.value, 4) for e in events.Scalars("Step spread/data_wait_max_s")] == [float(w[2]) for w in waits]
     # One all-gather an epoch on every rank, not one a step (an epoch here is 5 steps: 16 samples, 3 a step).
     assert sorted(os.listdir(counts)) == ["rank0", "rank1", "rank2"]
     assert [int((counts / name).read_text()) for name in sorted(os.listdir(counts))] == [2, 2, 2]

@@ -16,6 +16,16 @@ backward (one all-reduce per bucket per optimiser step, not K). FSDP's equivalen
 while the unsharded gradients are kept meanwhile (more memory than FSDP without accumulation). Only
 the last micro-batch's backward can hide the all-reduce behind its computation.
 
+FSDP also frees each block's gathered weights after its backward, and gathers them again in the next
+micro-batch's forward: with accumulation alone every micro-batch pays the all-gathers. So the
+non-last micro-batches also run with ``set_reshard_after_backward(False)``: their backward keeps the
+weights gathered, the next forward finds them so and gathers nothing, and the last micro-batch's
+backward frees them as usual (more memory meanwhile: the blocks' full weights). The blocks still free
+their weights after each forward (``reshard_after_forward``) and gather them again for the backward,
+so a step's all-gathers do not fall to one round: for the U-Net (9 blocks and the root, each a unit
+of its own) one micro-batch gathers 19 times, each further one 9 times instead of 19 (counted on two
+gloo ranks by tests/test_accumulation.py).
+
 The split needs K to divide the local batch (refused otherwise, in utils.YParams.load_params), and
 train_graph.py refuses K > 1: its captured step replays one forward and backward over the whole batch.
 """
@@ -58,8 +68,15 @@ class GradAccumulation:
 
 @contextlib.contextmanager
 def fsdp_no_sync(model):
+    """No reduce-scatter, and the gathered weights kept after backward, for this micro-batch; both back
+    to FSDP's defaults for the next (the last micro-batch runs with them)."""
+    # set_reshard_after_backward is missing from some torch versions' fully_shard: without it each
+    # micro-batch gathers the weights again (right, with more communication).
+    keep_gathered = getattr(model, "set_reshard_after_backward", lambda _: None)
     model.set_requires_gradient_sync(False)
+    keep_gathered(False)
     try:
         yield
     finally:
         model.set_requires_gradient_sync(True)
+        keep_gathered(True)
