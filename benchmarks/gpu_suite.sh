@@ -28,6 +28,9 @@
 #                     (LOADERS_ONLY=DALI: its rung alone)
 #   multi-gpu         DDP, FSDP, domain [2,1,1] and the CUDA-graph step under DDP, over NCCL (two GPUs
 #                     or more; with one it says so and passes)
+#   nsys-probe        which Nsight Systems writes a report of train.py's profiling window here: the
+#                     machine's own nsys, and Debian's 2022.4 CLI where its .deb is in .carry/nsys/;
+#                     each route's log, report or raw .qdstrm capture under nsys-probe/
 #
 # Run it from the repository's top-level folder with the Python that has torch (PYTHON=..., default
 # python3; COMMIT=... names the commit in the logs where the copy has no .git). Results land under
@@ -83,8 +86,9 @@ export PYTHONUNBUFFERED=1
 # Seconds per stage and per step: priced by benchmarks/suite_plan.py (--plan shows both; a test keeps
 # these equal to its figures).
 declare -A BUDGET=([preflight]=60 [ladder]=380 [profiles]=220 [tests-gpu]=340 [tests-compile]=170
-                   [tests-distributed]=400 [scaling]=110 [dali]=320 [multi-gpu]=210)
-STAGES="preflight ladder profiles tests-gpu tests-compile tests-distributed scaling dali multi-gpu"
+                   [tests-distributed]=400 [scaling]=110 [dali]=320 [multi-gpu]=210 [nsys-probe]=320)
+STAGES="preflight ladder profiles tests-gpu tests-compile tests-distributed scaling dali multi-gpu nsys-probe"
+NSYS_LIMIT=120  # seconds for one Nsight Systems route: its start, the run, the report (its importer included)
 
 # The tools' sizes: the GPU's, or, with CPU_CHECK=1, the CPU presets' at their smallest (the same code path).
 if [ -n "$CPU_CHECK" ]; then
@@ -346,6 +350,74 @@ stage_multi-gpu() {
     multi_gpu_run fsdp 40 train.py --config=test --Nsamples=64 --parallel=fsdp || status=1
     multi_gpu_run domain 40 train.py --config=domain_demo || status=1
     multi_gpu_run graph-ddp 40 train_graph.py --config=test --Nsamples=64 --graph_warmup_steps=3 --enable_fused || status=1
+    return $status
+}
+
+nsys_route() {
+    # nsys_route NAME NSYS: train.py's profiling window (the test config on the GPU, two steps of epoch 2)
+    # under NSYS, as submit_pm.sh's ENABLE_PROFILING does and with the sampling and CPU context switches
+    # off; its log says which nsys, its version, the command, and what it wrote (a report, or a .qdstrm
+    # capture to import with QdstrmImporter of the same version elsewhere).
+    local name=$1 nsys=$2 dir="$RESULTS/nsys-probe" start=$SECONDS status
+    local command=("$nsys" profile --trace=cuda,nvtx --sample=none --cpuctxsw=none -c cudaProfilerApi --kill none
+                   -f true -o "$dir/$name" "$PYTHON" train.py --config=test --device=cuda
+                   --train_path="$DATA_DIR/synthetic_train.h5" --val_path="$DATA_DIR/synthetic_valid.h5"
+                   --expdir="$dir/runs" --run_num="$name" --enable_manual_profiling --profile_start_epoch=2
+                   --profile_steps=2 --checkpoint=false --preview_image=false)
+    {
+        echo "# nsys route $name: $nsys"
+        timeout 20 "$nsys" --version 2>&1
+        echo "\$ ${command[*]}"
+        timeout -s INT -k 10 "$NSYS_LIMIT" "${command[@]}" 2>&1
+        status=$?
+        echo "# exit status $status after $((SECONDS - start)) s (limit $NSYS_LIMIT s); wrote:"
+        ls -la "$dir/$name".* 2>&1 | grep -v '\.log$'
+    } > "$dir/$name.log" 2>&1
+    note "nsys route $name: $(tail -n +2 "$dir/$name.log" | grep -m1 -i 'version' || echo 'no version');" \
+         "$(grep -o 'exit status [0-9]*' "$dir/$name.log"); log $dir/$name.log"
+    [ -f "$dir/$name.nsys-rep" ] || [ -f "$dir/$name.qdstrm" ]
+}
+
+stage_nsys-probe() {
+    # Which Nsight Systems route can make sample_nsys_profiles/'s reports on this machine: (1) its own
+    # nsys (on PATH, or inside Nsight Compute's or CUDA's folders), given NSYS_LIMIT s; a target-only copy
+    # writes a .qdstrm, kept for (3): QdstrmImporter of the same version, on another machine; (2) Debian's
+    # nsight-systems-target 2022.4 CLI, carried as its .deb in .carry/nsys/ (contrib non-free in the Debian
+    # source, apt-get update, apt-get download nsight-systems-target) and unpacked here.
+    local status=0 nsys deb gpus
+    mkdir -p "$RESULTS/nsys-probe"
+    gpus=$(cuda_gpus)
+    step data 20 "$PYTHON" -c "from benchmarks.common import make_data; make_data('$DATA_DIR', 256)" || return 1
+    export -f nsys_route note  # run by step (under timeout), in a shell of their own
+    export RESULTS PYTHON DATA_DIR NSYS_LIMIT
+    nsys=$("$PYTHON" -c 'from benchmarks.profiles import find_nsys; print(find_nsys() or "")')
+    if [ -z "$nsys" ]; then
+        note "step nsys-machine not run: no nsys here (PATH, /opt/nvidia, /usr/local/cuda)" |
+            tee "$RESULTS/nsys-probe/machine.log"
+    elif [ "$gpus" = 0 ]; then
+        note "step nsys-machine not run: $nsys found, and no CUDA GPU to profile" | tee "$RESULTS/nsys-probe/machine.log"
+    else
+        step nsys-machine 130 bash -c 'nsys_route "$@"' _ machine "$nsys" || status=1
+    fi
+    deb=$(ls .carry/nsys/nsight-systems-target_*.deb 2>/dev/null | head -n 1)
+    if [ -z "$deb" ]; then
+        note "step nsys-debian not run: no .carry/nsys/nsight-systems-target_*.deb carried" |
+            tee "$RESULTS/nsys-probe/debian.log"
+    elif [ "$gpus" = 0 ]; then
+        note "step nsys-debian not run: no CUDA GPU to profile" | tee "$RESULTS/nsys-probe/debian.log"
+    else
+        local unpacked
+        unpacked=$(mktemp -d)
+        { dpkg-deb -x "$deb" "$unpacked" 2>/dev/null || (cd "$unpacked" && ar p "$OLDPWD/$deb" 'data.tar.*' | tar xJ); }
+        nsys=$(find "$unpacked" -type f -name nsys -perm -u+x | head -n 1)
+        if [ -z "$nsys" ]; then
+            note "step nsys-debian not run: $deb holds no nsys executable" | tee "$RESULTS/nsys-probe/debian.log"
+            status=1
+        else
+            step nsys-debian 130 bash -c 'nsys_route "$@"' _ debian "$nsys" || status=1
+        fi
+        rm -rf "$unpacked"
+    fi
     return $status
 }
 

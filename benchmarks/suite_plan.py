@@ -95,6 +95,10 @@ DALI_TESTS = [("tests/test_data_loader_dali.py on the GPU: two loaders compared 
 # tar.xz of 167 MB, carried in parts of 56 MiB.
 DALI_PARTS = 3
 DALI_INSTALL_S = 20   # joining the parts, their sha256 and tar xJf: the extraction took 7.9 s on an H200 (2026-11-26)
+# Seconds for one Nsight Systems route of the nsys-probe stage (gpu_suite.sh's NSYS_LIMIT): issue 41 asks for
+# at least 120 s, where a 30 s probe of the machine's own nsys wrote no report.
+NSYS_LIMIT_S = 120
+NSYS_CARRY = ".carry/nsys"  # Debian's nsight-systems-target .deb, for the nsys-probe stage
 COPY_BUDGET = 10      # a part's command: a copy of 56 MiB on the machine
 CUDNN_AUTOTUNE_S = 60  # python -m benchmarks.cudnn_autotune: the first step with and without autotuning
 # Where each command installs what it carries (DALI's site too), and gathers DALI's parts: under $HOME (/root on
@@ -230,6 +234,11 @@ def steps():
         "tests-gpu": [("tests-gpu", GPU_TESTS)],
         "tests-compile": [("tests-compile", COMPILE_TESTS)],
         "tests-distributed": [("tests-distributed", DISTRIBUTED_TESTS)],
+        "nsys-probe": [("data", [("the 256^3 data set", SETUP_S["data"])]),
+                       ("nsys-machine", [(f"the machine's nsys: train.py's profiling window under nsys profile "
+                                          f"(at most {NSYS_LIMIT_S} s)", NSYS_LIMIT_S + 10)]),
+                       ("nsys-debian", [(f"Debian's 2022.4 CLI, unpacked from .carry/nsys/: the same (at most "
+                                         f"{NSYS_LIMIT_S} s)", NSYS_LIMIT_S + 10)])],
         "scaling": [("scaling", scaling_rows(1))],
         # DALI's tests first: 30 s of correctness, where the loaders' rungs can run into the budget.
         "dali": [("tests-dali", DALI_TESTS), ("profile-dali", [("profile dali_bf16_fused (where DALI imports)", 45)]),
@@ -271,7 +280,7 @@ def dali_commands(parts=DALI_PARTS):
 # The single-GPU plan: sessions, each on a bare machine, the most valuable first; in each, commands of stages.
 # ["dali"] is DALI's session: its parts, one a command, the last with the dali stage (dali_commands).
 SINGLE_GPU = [[["preflight"], ["ladder"], ["profiles"]], [["tests-gpu", "tests-compile"], ["scaling"]],
-              [["tests-distributed"]], [["dali"]]]
+              [["tests-distributed"]], [["nsys-probe"]], [["dali"]]]
 MULTI_GPU = [[["preflight"], ["multi-gpu"], ["scaling"]]]
 
 
@@ -279,8 +288,11 @@ def stage_command(stages, priced, limit):
     """The command that runs these stages: a dict of what, command, carry, estimate, budget, transfer, stages
     and steps."""
     carry = [WHEELS] if stages == ["preflight"] else [WHEELS, CARRIED_PREFLIGHT]
+    if "nsys-probe" in stages:
+        carry.append(NSYS_CARRY)
     return {"what": "stage " + " and ".join(stages), "stages": stages, "command": suite(stages), "carry": carry,
-            "estimate": sum(stage_estimate(priced[stage]) for stage in stages), "transfer": TRANSFER_S,
+            "estimate": sum(stage_estimate(priced[stage]) for stage in stages),
+            "transfer": DALI_PART_TRANSFER_S if NSYS_CARRY in carry else TRANSFER_S,  # the .deb: as a DALI part
             "budget": sum(budget(stage_estimate(priced[stage]), limit) for stage in stages),
             "steps": [step for stage in stages for step in priced[stage]]}
 
@@ -347,6 +359,8 @@ STAGE_INFO = {
     "dali": ("DALI's GPU tests and profile, the ladder's DALI and host-loader rungs", ["loaders/", "profiles-dali/"]),
     "multi-gpu": ("DDP, FSDP, domain [2,1,1] and the CUDA-graph step under DDP over NCCL (2 GPUs or more)",
                   ["multi-gpu/"]),
+    "nsys-probe": ("which Nsight Systems writes a report of train.py's profiling window: the machine's own, "
+                   "Debian's 2022.4 CLI", ["nsys-probe/"]),
 }
 COMMITTED_LOGS = os.path.join(ROOT, "benchmarks", "results", "gpu_suite")
 
@@ -423,6 +437,11 @@ def main(argv=None):
              f"{last}/site.sha256; xz -9 takes about 3 min on 2 cores); check them here with: cat .carry/[0-9]*/"
              f"site.tar.xz.? | sha256sum (the sum in {last}/site.sha256)"
              if dali else "") + ".")
+    if any("nsys-probe" in command["stages"] for command in commands):
+        print(f"Before the nsys-probe session, Debian's Nsight Systems 2022.4 CLI in {NSYS_CARRY}/ (34 MB; not "
+              "tracked): add contrib non-free to the Components of the Debian source, apt-get update, then "
+              f"(cd {NSYS_CARRY} && apt-get download nsight-systems-target); without it that route says so and the "
+              "stage goes on.")
     print(f"After command 1, within the 30 s: mkdir -p {CARRIED_PREFLIGHT} && tar xzf <its files>/gpu_suite_"
           f"preflight.tgz -O {SUITE_RESULTS}/preflight.json > {CARRIED_PREFLIGHT}/preflight.json (the "
           "preflight's nsys answer, carried by the commands after it, in later sessions too; without it the "

@@ -17,7 +17,7 @@ from conftest import ROOT
 
 SUITE = os.path.join(ROOT, "benchmarks", "gpu_suite.sh")
 STAGES = ["preflight", "ladder", "profiles", "tests-gpu", "tests-compile", "tests-distributed", "scaling", "dali",
-          "multi-gpu"]
+          "multi-gpu", "nsys-probe"]
 
 
 def script():
@@ -50,14 +50,15 @@ def test_the_plan_fits_its_sessions_most_valuable_first_each_command_installing_
                and len(command) <= 2000 for _, _, budget, estimate, _, timeout, fits, command in commands)
     stages = [re.search(r"gpu_suite\.sh (.+)$", command).group(1) for *_, command in commands if "gpu_suite.sh" in command]
     assert stages == ["preflight", "ladder", "profiles", "tests-gpu tests-compile", "scaling", "tests-distributed",
-                      "dali"]  # by value
+                      "nsys-probe", "dali"]  # by value
     # Sessions, each on a bare machine, by value: the measurements, the tests and scaling, the distributed code on
-    # CUDA tensors, DALI.
+    # CUDA tensors, the Nsight Systems routes, DALI.
     sessions = suite_plan.plan()
     assert [[stage for command in session for stage in command["stages"]] for session in sessions] == [
-        ["preflight", "ladder", "profiles"], ["tests-gpu", "tests-compile", "scaling"], ["tests-distributed"], ["dali"]]
-    printed = re.split(r"^Session \d+ of 4: .*$", output, flags=re.M)
-    assert len(printed) == 5 and [len(heads(text)) for text in printed[1:]] == [len(session) for session in sessions]
+        ["preflight", "ladder", "profiles"], ["tests-gpu", "tests-compile", "scaling"], ["tests-distributed"],
+        ["nsys-probe"], ["dali"]]
+    printed = re.split(r"^Session \d+ of 5: .*$", output, flags=re.M)
+    assert len(printed) == 6 and [len(heads(text)) for text in printed[1:]] == [len(session) for session in sessions]
     # Every command that runs a stage installs the small wheels it carries first, into a folder under HOME.
     for _, what, _, _, carry, _, _, command in commands:
         if "gpu_suite.sh" in command:
@@ -75,14 +76,14 @@ def test_the_plan_fits_its_sessions_most_valuable_first_each_command_installing_
                         r"estimated\); with the machine's start \(120 s\) and the idle 30 s after its last command: "
                         r"about [\d.]+ min, at most ([\d.]+) min if every command used its whole budget, of the 15 min "
                         r"of device time a session has \(fits, with (\d+) s to spare\)\.$", output, flags=re.M)
-    assert [int(number) for number, *_ in totals] == [1, 2, 3, 4]
+    assert [int(number) for number, *_ in totals] == [1, 2, 3, 4, 5]
     for session, (_, transfers, most, spare) in zip(sessions, totals):
         estimated, budgeted = suite_plan.session_seconds(session)
         assert budgeted == suite_plan.START_S + suite_plan.IDLE_S + sum(c["budget"] + c["transfer"] for c in session)
         assert estimated < budgeted and float(most) == round(budgeted / 60, 1) and int(transfers) == sum(
             c["transfer"] for c in session)
         assert int(spare) == suite_plan.SESSION_S - budgeted >= suite_plan.MARGIN_S
-    assert "all sessions: 4, " in output and "(each fits its 15 min)" in output
+    assert "all sessions: 5, " in output and "(each fits its 15 min)" in output
     assert "for a remote GPU machine with a time limit" in output and "lease" not in output
     assert "One GPU runs DDP, FSDP and accumulation with two ranks over gloo" in output and "--plan --gpus 4" in output
     # Room kept for what the ladder and the tests will have: the prefetch rung, the prefetch tests, cuDNN's autotuning.
@@ -95,7 +96,7 @@ def test_a_session_that_cannot_fit_is_reported(monkeypatch, capsys):
     output = capsys.readouterr().out
     assert re.search(r"^session 1: .*\(DOES NOT FIT\)\.$", output, flags=re.M)
     assert re.search(r"^session 3: .*\(fits, with \d+ s to spare\)\.$", output, flags=re.M)  # 555 s
-    assert "all sessions: 4, " in output and output.rstrip().endswith("(DOES NOT FIT).")
+    assert "all sessions: 5, " in output and output.rstrip().endswith("(DOES NOT FIT).")
 
 
 def test_the_multi_gpu_plan_is_ready_to_paste():
@@ -126,7 +127,26 @@ def test_the_script_enforces_the_plans_budgets_and_runs_what_it_prices():
     assert "--group loaders" in commands["dali"] and '-m gpu -k dali' in commands["dali"]
     assert "-m benchmarks.profiles" in commands["profiles"] and "-m benchmarks.layers" in commands["profiles"]
     assert '-m gpu -k "not compile and not dali and not cuda_distributed"' in commands["tests-gpu"]
-    assert "-m gpu -k compile" in commands["tests-compile"] and "-m gpu -k cuda_distributed" in commands["tests-distributed"]
+    assert "-m gpu -k compile" in commands["tests-compile"]
+    assert "-m gpu -k cuda_distributed" in commands["tests-distributed"]
+
+
+def test_the_nsys_probe_tries_each_route_with_the_issues_options():
+    """The machine's own nsys and Debian's carried CLI, each given NSYS_LIMIT (the plan's price) on train.py's
+    cudaProfilerApi window with sampling and CPU context switches off; the plan carries the .deb and says how
+    to fetch it."""
+    commands = script_commands()["nsys-probe"]
+    assert re.findall(r"step (nsys-\w+) \d+ bash -c 'nsys_route \"\$@\"' _ (\w+) ", commands) == [
+        ("nsys-machine", "machine"), ("nsys-debian", "debian")]
+    assert f"NSYS_LIMIT={suite_plan.NSYS_LIMIT_S} " in script() and suite_plan.NSYS_LIMIT_S >= 120
+    route = re.search(r"^nsys_route\(\) \{\n(.*?)^\}", script(), flags=re.M | re.S).group(1)
+    for option in ("--sample=none", "--cpuctxsw=none", "-c cudaProfilerApi", "--enable_manual_profiling",
+                   'timeout -s INT -k 10 "$NSYS_LIMIT"'):
+        assert option in route, option
+    [command] = [c for session in suite_plan.plan() for c in session if c["stages"] == ["nsys-probe"]]
+    assert suite_plan.NSYS_CARRY in command["carry"] and "nsight-systems-target_*.deb" in commands
+    status, output = plan_output()
+    assert "apt-get download nsight-systems-target" in output
 
 
 def test_the_plan_copies_the_preflights_answer_from_where_the_suite_writes_it():
