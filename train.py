@@ -38,6 +38,7 @@ from utils.logging_utils import TensorBoard, config_logger, log_to_file
 from utils.losses import build_loss
 from utils.metrics import ValidationMetrics, format_metrics, power_spectrum_figure
 from utils.optim import Precision, build_optimizer, configure_tf32, set_learning_rate
+from utils.out_of_memory import guard_out_of_memory
 from utils.prefetch import device_prefetcher
 from utils.preview import render_preview, save_png
 from utils.profiling import DEFAULT_WINDOWS, Profiling, annotate, check_profiling_options
@@ -494,12 +495,13 @@ def main(argv=None, make_step=None, graph_capture=False):
     loss_fn = build_loss(params)
     step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
     spread = step_spread(model, device, world)  # each rank's own step and data wait, gathered once an epoch
-    step_fn, train_move = spread.timed(step_fn), spread.timed_copy(move)
+    step_fn = guard_out_of_memory(spread.timed(step_fn), "a training step", params, world, device, run_dir)
+    train_move = spread.timed_copy(move)
     model = compile_model(model, params)
     stop = StopSignals(world, device)  # from here on, Ctrl-C and SIGTERM stop at the next step
     progress = Progress(enabled=world.is_main)  # a bar on a terminal, else a log line every minute
-    validation = functools.partial(validate, model, val_loader, loss_fn, precision, move, world, mesh, stop,
-                                   progress)
+    validation = functools.partial(guard_out_of_memory(validate, "validation", params, world, device, run_dir), model,
+                                   val_loader, loss_fn, precision, move, world, mesh, stop, progress)
 
     # The checkpoint's states (one that does not fit is refused first), then the run directory.
     position = resume(run_dir, model, optimizer, precision.scaler, params, world, steps_per_epoch)

@@ -1,51 +1,71 @@
 #!/usr/bin/env bash
-# The tutorial's GPU measurements and checks, one stage per command of a remote GPU machine, each inside
-# its own budget:
+# The tutorial's GPU measurements and checks, in stages, on the GPU this runs on:
 #
-#   benchmarks/gpu_suite.sh --plan            the commands to send, in order, in sessions of 15 minutes of
-#                                             GPU time, with budgets (no GPU needed)
-#   benchmarks/gpu_suite.sh --plan --gpus 4   the multi-GPU plan, for a machine with 4 GPUs
+#   benchmarks/gpu_suite.sh                   every stage, one after the other, on this machine's GPU(s);
+#                                             it prints what each stage measures, where its results go and
+#                                             how long it took on an H100 (from the committed logs), then
+#                                             each stage's status, time and results
+#   benchmarks/gpu_suite.sh ladder profiles   the stages named, in that order
 #   benchmarks/gpu_suite.sh --help            this text
-#   benchmarks/gpu_suite.sh preflight         python -m benchmarks.preflight: what the later stages rely on
-#   benchmarks/gpu_suite.sh ladder            python -m benchmarks.ladder --group gpu: the GPU-resident rungs
-#   benchmarks/gpu_suite.sh profiles          python -m benchmarks.profiles (five rungs), benchmarks.layers and,
-#                                             where the tree has it, benchmarks.cudnn_autotune
-#   benchmarks/gpu_suite.sh tests-gpu         the GPU-only tests (-m gpu) but torch.compile's and DALI's
-#   benchmarks/gpu_suite.sh tests-compile     the GPU-only tests of torch.compile (CUDA graphs included)
-#   benchmarks/gpu_suite.sh scaling           python -m benchmarks.scaling: weak scaling over this node's GPUs
-#   benchmarks/gpu_suite.sh dali              DALI's GPU tests, its profile, the ladder's DALI and host-loader
-#                                             rungs (LOADERS_ONLY=DALI: its rung alone)
-#   benchmarks/gpu_suite.sh multi-gpu         DDP, FSDP, domain [2,1,1] and the CUDA-graph step under DDP,
-#                                             over NCCL (two GPUs or more)
-#   benchmarks/gpu_suite.sh ladder profiles   several stages, one after the other
+#
+# In a Slurm job (submit_pm.sh runs train.py on every rank, so the suite is its own one-task job; use your
+# account, and the partition or constraint of a GPU node):
+#
+#   sbatch -A your_account_g -C gpu -N 1 -n 1 --gpus-per-node=4 --cpus-per-task=32 --time=01:00:00 \
+#          -J gpu_suite -o gpu_suite-%j.out --wrap "PYTHON=.venv/bin/python benchmarks/gpu_suite.sh"
+#
+# The stages:
+#   preflight         python -m benchmarks.preflight: what the later stages rely on
+#   ladder            python -m benchmarks.ladder --group gpu: the GPU-resident rungs
+#   profiles          python -m benchmarks.profiles (five rungs), benchmarks.layers and,
+#                     where the tree has it, benchmarks.cudnn_autotune
+#   tests-gpu         the GPU-only tests (-m gpu) but torch.compile's, DALI's and the distributed ones
+#   tests-compile     the GPU-only tests of torch.compile (CUDA graphs included)
+#   tests-distributed the distributed code on CUDA tensors: two ranks on one GPU over gloo
+#                     (tests/test_cuda_distributed.py)
+#   scaling           python -m benchmarks.scaling: weak scaling over this node's GPUs
+#   dali              DALI's GPU tests, its profile, the ladder's DALI and host-loader rungs
+#                     (LOADERS_ONLY=DALI: its rung alone)
+#   multi-gpu         DDP, FSDP, domain [2,1,1] and the CUDA-graph step under DDP, over NCCL (two GPUs
+#                     or more; with one it says so and passes)
+#   nsys-probe        which Nsight Systems writes a report of train.py's profiling window here: the
+#                     machine's own nsys, and Debian's 2022.4 CLI where its .deb is in .carry/nsys/;
+#                     each route's log, report or raw .qdstrm capture under nsys-probe/
 #
 # Run it from the repository's top-level folder with the Python that has torch (PYTHON=..., default
-# python3; COMMIT=... names the commit in the logs where the copy has no .git). Every stage stands on
-# its own: a later command of a remote machine may find a bare machine, so nothing is read that an
-# earlier command left there. What a stage decides it re-derives in seconds (the compiler, DALI,
-# where the 3-D convolutions run), but for Nsight Systems: the profiles stage uses it where the
-# preflight saw it write a report (this command's preflight.json, or .carry/preflight/preflight.json
-# carried along), probes it itself, capped, where neither says, and leaves it out where one says no.
-# Results land under RESULTS (default runs/benchmarks/gpu_suite/, not tracked by git, as every benchmark
-# tool's; RESULTS=benchmarks/results remakes the committed ones): preflight.json, the ladder's files,
-# profiles/, layers/, scaling/, loaders/ (the DALI stage's ladder), multi-gpu/, the test reports and
-# this suite's logs.
+# python3; COMMIT=... names the commit in the logs where the copy has no .git). Results land under
+# RESULTS (default runs/benchmarks/gpu_suite/, not tracked by git, as every benchmark tool's;
+# RESULTS=benchmarks/results remakes the committed ones): preflight.json, the ladder's files, profiles/,
+# layers/, scaling/, loaders/ (the DALI stage's ladder), multi-gpu/, the test reports and this suite's
+# logs (gpu_suite-<stage>-<date>.log). A stage that fails does not stop the next one; the exit status
+# says whether all passed. Each stage's steps end at STAGE_LIMIT seconds (default 1800 s), a guard
+# against a hung step.
 #
-# Each stage has a budget (BUDGET below, at most STAGE_LIMIT, default 540 s: a remote machine's commands
-# end at 600 s). Its steps check the time left before they start (a step that cannot finish is not
-# started, and says so) and end at the budget. With OUT set (a folder), what the stage wrote is packed
-# into $OUT/gpu_suite_<stage>.tgz after every step, again whenever a running step writes a result, and
-# on SIGTERM or SIGINT: a stage cut short still returns what it finished. What comes back from a remote
-# machine is at most 8 files of 16 MiB, 64 MiB together: archives are cut in parts of 15 MiB (rejoin:
-# cat gpu_suite_<stage>.tgz.part* > x.tgz), and where all of this command's archives would pass 60 MiB
-# or 8 files, the largest files are left out, Nsight Systems reports first, each named in
-# gpu_suite-left-out.txt. A stage that fails does not stop the next one; the exit status says whether
-# all passed.
+# Every stage stands on its own: nothing is read that an earlier stage left, so any stage can run
+# alone. What a stage decides it re-derives in seconds (the compiler, DALI, where the 3-D convolutions
+# run), but for Nsight Systems: the profiles stage uses it where the preflight saw it write a report
+# (this command's preflight.json, or .carry/preflight/preflight.json), probes it itself, capped, where
+# neither says, and leaves it out where one says no.
+#
+# On a remote GPU machine with a time limit per command and per session:
+#
+#   benchmarks/gpu_suite.sh --plan            the commands to send, in order, in sessions of 15 minutes
+#                                             of GPU time, with budgets (no GPU needed)
+#   benchmarks/gpu_suite.sh --plan --gpus 4   the plan for a machine with 4 GPUs
+#
+# There each stage has a budget (BUDGET below, at most STAGE_LIMIT, then 540 s: such a machine's
+# commands end at 600 s): its steps check the time left before they start (a step that cannot finish is
+# not started, and says so) and end at the budget. With OUT set (a folder, what the machine returns),
+# what the stage wrote is packed into $OUT/gpu_suite_<stage>.tgz after every step, again whenever a
+# running step writes a result, and on SIGTERM or SIGINT: a stage cut short still returns what it
+# finished. What comes back is at most 8 files of 16 MiB, 64 MiB together: archives are cut in parts of
+# 15 MiB (rejoin: cat gpu_suite_<stage>.tgz.part* > x.tgz), and where all of this command's archives
+# would pass 60 MiB or 8 files, the largest files are left out, Nsight Systems reports first, each named
+# in gpu_suite-left-out.txt.
 #
 # Without a CUDA GPU the suite refuses, except with CPU_CHECK=1: then every stage runs its set-up and
 # its tools at tiny sizes on the CPU presets, the GPU-only steps skipped by their own checks (what
-# tests/test_gpu_plan.py does to prove each command of the plan on a bare machine), each stage's
-# budget then STAGE_LIMIT.
+# tests/test_gpu_plan.py does to prove each command of the plan on a bare machine).
 # The tools write where RESULTS says (--out_dir, with --overwrite: a stage redoes that day's
 # measurement); run alone, without --out_dir, they write under runs/benchmarks/.
 set -uo pipefail
@@ -56,7 +76,8 @@ RESULTS=${RESULTS:-runs/benchmarks/gpu_suite}  # where results go (benchmarks/su
 DATA_DIR=data/benchmark
 PREFLIGHT=$RESULTS/preflight.json
 CARRIED_PREFLIGHT=.carry/preflight/preflight.json
-STAGE_LIMIT=${STAGE_LIMIT:-540}
+# A remote machine's commands (OUT set) end at 600 s: there a stage has its BUDGET, at most 540 s.
+if [ -n "${OUT:-}" ]; then STAGE_LIMIT=${STAGE_LIMIT:-540}; else STAGE_LIMIT=${STAGE_LIMIT:-1800}; fi
 CPU_CHECK=${CPU_CHECK:-}
 PACK_RESERVE=15           # seconds kept at the end of a budget to pack
 OUT_FILES=8 OUT_MIB=60 PART_MIB=15  # what a remote machine returns: 8 files of 16 MiB, 64 MiB together
@@ -64,9 +85,10 @@ export PYTHONUNBUFFERED=1
 
 # Seconds per stage and per step: priced by benchmarks/suite_plan.py (--plan shows both; a test keeps
 # these equal to its figures).
-declare -A BUDGET=([preflight]=60 [ladder]=380 [profiles]=220 [tests-gpu]=280 [tests-compile]=170 [scaling]=110
-                   [dali]=320 [multi-gpu]=210)
-STAGES="preflight ladder profiles tests-gpu tests-compile scaling dali multi-gpu"
+declare -A BUDGET=([preflight]=60 [ladder]=380 [profiles]=220 [tests-gpu]=340 [tests-compile]=170
+                   [tests-distributed]=400 [scaling]=110 [dali]=320 [multi-gpu]=210 [nsys-probe]=320)
+STAGES="preflight ladder profiles tests-gpu tests-compile tests-distributed scaling dali multi-gpu nsys-probe"
+NSYS_LIMIT=120  # seconds for one Nsight Systems route: its start, the run, the report (its importer included)
 
 # The tools' sizes: the GPU's, or, with CPU_CHECK=1, the CPU presets' at their smallest (the same code path).
 if [ -n "$CPU_CHECK" ]; then
@@ -120,6 +142,14 @@ stage_files() {
         grep -v -e '/gpu_suite-[a-z-]*-[0-9-]*\.log$' -e '/gpu_suite-[a-z-]*\.xml$'
     find "$RESULTS" -maxdepth 1 -type f -newer "$STAMP" \( -name "gpu_suite-$STAGE-*.log" -o \
         -name "gpu_suite-$STAGE.xml" \) 2>/dev/null
+}
+
+stage_results() {
+    # What this stage wrote under the result folder, by top-level entry (a folder once), its logs aside.
+    local entries
+    entries=$(stage_files | grep -v "/gpu_suite-$STAGE-[0-9-]*\.log$" | sed "s|^$RESULTS/||" |
+              awk -F/ '{print (NF > 1 ? $1 "/" : $1)}' | sort -u | sed "s|^|$RESULTS/|" | paste -sd' ' -)
+    echo "${entries:-none}"
 }
 
 out_usage() {
@@ -245,9 +275,9 @@ stage_profiles() {
 
 stage_tests-gpu() {
     # The GPU-only tests (marked gpu: CUDA graphs, no host syncs, the profiling window and its kernels, a
-    # capturable resume, device prefetch and gradient accumulation) but torch.compile's and DALI's.
-    # SIGINT at the limit: pytest stops and still prints its summary.
-    step tests-gpu 240 "$PYTHON" "${PYTEST[@]}" -m gpu -k "not compile and not dali" \
+    # capturable resume, device prefetch and gradient accumulation, out-of-memory) but torch.compile's,
+    # DALI's and the distributed ones. SIGINT at the limit: pytest stops and still prints its summary.
+    step tests-gpu 300 "$PYTHON" "${PYTEST[@]}" -m gpu -k "not compile and not dali and not cuda_distributed" \
         --junitxml="$RESULTS/gpu_suite-tests-gpu.xml"
 }
 
@@ -255,6 +285,15 @@ stage_tests-compile() {
     # torch.compile's GPU tests (reduce-overhead's CUDA graphs through training and validation); they skip
     # themselves, with the reason, where torch.compile cannot build.
     step tests-compile 140 "$PYTHON" "${PYTEST[@]}" -m gpu -k compile --junitxml="$RESULTS/gpu_suite-tests-compile.xml"
+}
+
+stage_tests-distributed() {
+    # DDP (buckets, comm hooks), FSDP, gradient accumulation, the device prefetcher under DDP and --resume
+    # on CUDA tensors, each against one rank: two ranks share this GPU over gloo (DIST_BACKEND=gloo), which
+    # NCCL refuses. gloo sends no CUDA tensor point to point, so the domain mesh's halo exchange is the
+    # multi-gpu stage's (tests/test_cuda_distributed.py says what stays untested without NCCL).
+    step tests-distributed 350 "$PYTHON" "${PYTEST[@]}" -m gpu -k cuda_distributed \
+        --junitxml="$RESULTS/gpu_suite-tests-distributed.xml"
 }
 
 stage_scaling() {
@@ -314,13 +353,81 @@ stage_multi-gpu() {
     return $status
 }
 
+nsys_route() {
+    # nsys_route NAME NSYS: train.py's profiling window (the test config on the GPU, two steps of epoch 2)
+    # under NSYS, as submit_pm.sh's ENABLE_PROFILING does and with the sampling and CPU context switches
+    # off; its log says which nsys, its version, the command, and what it wrote (a report, or a .qdstrm
+    # capture to import with QdstrmImporter of the same version elsewhere).
+    local name=$1 nsys=$2 dir="$RESULTS/nsys-probe" start=$SECONDS status
+    local command=("$nsys" profile --trace=cuda,nvtx --sample=none --cpuctxsw=none -c cudaProfilerApi --kill none
+                   -f true -o "$dir/$name" "$PYTHON" train.py --config=test --device=cuda
+                   --train_path="$DATA_DIR/synthetic_train.h5" --val_path="$DATA_DIR/synthetic_valid.h5"
+                   --expdir="$dir/runs" --run_num="$name" --enable_manual_profiling --profile_start_epoch=2
+                   --profile_steps=2 --checkpoint=false --preview_image=false)
+    {
+        echo "# nsys route $name: $nsys"
+        timeout 20 "$nsys" --version 2>&1
+        echo "\$ ${command[*]}"
+        timeout -s INT -k 10 "$NSYS_LIMIT" "${command[@]}" 2>&1
+        status=$?
+        echo "# exit status $status after $((SECONDS - start)) s (limit $NSYS_LIMIT s); wrote:"
+        ls -la "$dir/$name".* 2>&1 | grep -v '\.log$'
+    } > "$dir/$name.log" 2>&1
+    note "nsys route $name: $(tail -n +2 "$dir/$name.log" | grep -m1 -i 'version' || echo 'no version');" \
+         "$(grep -o 'exit status [0-9]*' "$dir/$name.log"); log $dir/$name.log"
+    [ -f "$dir/$name.nsys-rep" ] || [ -f "$dir/$name.qdstrm" ]
+}
+
+stage_nsys-probe() {
+    # Which Nsight Systems route can make sample_nsys_profiles/'s reports on this machine: (1) its own
+    # nsys (on PATH, or inside Nsight Compute's or CUDA's folders), given NSYS_LIMIT s; a target-only copy
+    # writes a .qdstrm, kept for (3): QdstrmImporter of the same version, on another machine; (2) Debian's
+    # nsight-systems-target 2022.4 CLI, carried as its .deb in .carry/nsys/ (contrib non-free in the Debian
+    # source, apt-get update, apt-get download nsight-systems-target) and unpacked here.
+    local status=0 nsys deb gpus
+    mkdir -p "$RESULTS/nsys-probe"
+    gpus=$(cuda_gpus)
+    step data 20 "$PYTHON" -c "from benchmarks.common import make_data; make_data('$DATA_DIR', 256)" || return 1
+    export -f nsys_route note  # run by step (under timeout), in a shell of their own
+    export RESULTS PYTHON DATA_DIR NSYS_LIMIT
+    nsys=$("$PYTHON" -c 'from benchmarks.profiles import find_nsys; print(find_nsys() or "")')
+    if [ -z "$nsys" ]; then
+        note "step nsys-machine not run: no nsys here (PATH, /opt/nvidia, /usr/local/cuda)" |
+            tee "$RESULTS/nsys-probe/machine.log"
+    elif [ "$gpus" = 0 ]; then
+        note "step nsys-machine not run: $nsys found, and no CUDA GPU to profile" | tee "$RESULTS/nsys-probe/machine.log"
+    else
+        step nsys-machine 130 bash -c 'nsys_route "$@"' _ machine "$nsys" || status=1
+    fi
+    deb=$(ls .carry/nsys/nsight-systems-target_*.deb 2>/dev/null | head -n 1)
+    if [ -z "$deb" ]; then
+        note "step nsys-debian not run: no .carry/nsys/nsight-systems-target_*.deb carried" |
+            tee "$RESULTS/nsys-probe/debian.log"
+    elif [ "$gpus" = 0 ]; then
+        note "step nsys-debian not run: no CUDA GPU to profile" | tee "$RESULTS/nsys-probe/debian.log"
+    else
+        local unpacked
+        unpacked=$(mktemp -d)
+        { dpkg-deb -x "$deb" "$unpacked" 2>/dev/null || (cd "$unpacked" && ar p "$OLDPWD/$deb" 'data.tar.*' | tar xJ); }
+        nsys=$(find "$unpacked" -type f -name nsys -perm -u+x | head -n 1)
+        if [ -z "$nsys" ]; then
+            note "step nsys-debian not run: $deb holds no nsys executable" | tee "$RESULTS/nsys-probe/debian.log"
+            status=1
+        else
+            step nsys-debian 130 bash -c 'nsys_route "$@"' _ debian "$nsys" || status=1
+        fi
+        rm -rf "$unpacked"
+    fi
+    return $status
+}
+
 # --------------------------------------------------------------------------- the command line
 
 case "${1:-}" in
     --help|-h) usage; exit 0 ;;
     --plan) shift; exec "$PYTHON" -m benchmarks.suite_plan --limit "$STAGE_LIMIT" "$@" ;;
-    "") echo "gpu_suite.sh: name the stages to run ($STAGES), or --plan for the commands in order," \
-             "or --help." >&2; exit 2 ;;
+    "") set -- $STAGES ;;  # every stage, on this machine's GPU(s)
+    -*) echo "gpu_suite.sh: unknown option '$1' (--plan, --help; or name stages: $STAGES)" >&2; exit 2 ;;
 esac
 for stage in "$@"; do
     [[ " $STAGES " == *" $stage "* ]] || { echo "gpu_suite.sh: unknown stage '$stage' ($STAGES; or --plan, --help)" >&2; exit 2; }
@@ -332,14 +439,19 @@ for stage in "$@"; do
     fi
 done
 
+note "stages: $*; results under $RESULTS/. What each measures, where it writes, and its time in the committed logs:"
+"$PYTHON" -m benchmarks.suite_plan --overview "$@" --results "$RESULTS" 2>/dev/null ||
+    note "(no overview: $PYTHON cannot import benchmarks.suite_plan)"
 mkdir -p "$RESULTS"
 [ -n "${OUT:-}" ] && mkdir -p "$OUT"
 RUN_STAMP=$(mktemp)  # what this invocation writes is newer
-failed=()
+failed=() summary=()
 for STAGE in "$@"; do
     START=$SECONDS
     budget=${BUDGET[$STAGE]}
-    [ -n "$CPU_CHECK" ] && budget=$STAGE_LIMIT  # a CPU check's times are a CPU's, not the GPU's budgets
+    # A CPU check's times are a CPU's, not the GPU's budgets; on this machine's own GPU (no OUT) only the
+    # limit guards against a hung step.
+    [ -n "$CPU_CHECK" ] || [ -z "${OUT:-}" ] && budget=$STAGE_LIMIT
     [ "$budget" -gt "$STAGE_LIMIT" ] && budget=$STAGE_LIMIT
     DEADLINE=$((START + budget))
     STAMP=$(mktemp) PACKED=$(mktemp)
@@ -359,8 +471,14 @@ for STAGE in "$@"; do
     trap - TERM INT
     [ "$status" -eq 0 ] || failed+=("$STAGE")
     pack || failed+=("pack-$STAGE")
+    verdict=passed
+    [ "$status" -eq 0 ] || verdict="FAILED (status $status)"
+    summary+=("  $STAGE: $verdict in $((SECONDS - START)) s; log $log; results: $(stage_results)")
     rm -f "$STAMP" "$PACKED"
 done
 rm -f "$RUN_STAMP"
+gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | sed 's/^ *//' | paste -sd, -)
+note "what ran, on ${gpus:-this machine (nvidia-smi lists no GPU)}:"
+printf '%s\n' "${summary[@]}"
 [ ${#failed[@]} -eq 0 ] || { note "failed stages: ${failed[*]}"; exit 1; }
 note "all stages passed: $*"

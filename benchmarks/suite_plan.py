@@ -1,25 +1,29 @@
-"""The commands that run ``benchmarks/gpu_suite.sh`` on remote GPU machines, in sessions, each with its budget.
+"""The stages of ``benchmarks/gpu_suite.sh``: their steps and prices, an overview of each (what it measures,
+where it writes, its time in the committed logs), and the commands that run them on a remote GPU machine
+with a time limit, in sessions, each command with its budget.
 
     benchmarks/gpu_suite.sh --plan             # = python -m benchmarks.suite_plan --limit 540
     benchmarks/gpu_suite.sh --plan --gpus 4    # the multi-GPU checks, for a machine with 4 GPUs
+    python -m benchmarks.suite_plan --overview ladder profiles   # what gpu_suite.sh prints before it runs
 
-Runs anywhere, no GPU needed. A session on a GPU machine has 15 minutes
-of device time in all (:data:`SESSION_S`): the machine's start (1-2 minutes), every command (10
-minutes at most), the transfers, and the 30 s of idle after the last command, when the machine goes
-back. So the plan is sessions, each a lease of its own on a machine that starts bare, the most
-valuable first: (1) the preflight, the ladder and the profiles; (2) the GPU-only tests and the
-one-GPU scaling point; (3) DALI. A session's commands are sent back to back (a machine goes back
-30 seconds after a command ends, and may be replaced by a bare one between two commands), and each
-command stands on its own: it starts by installing the small wheels it carries (ruamel.yaml, which
-every script imports) into a fresh folder, reads nothing an earlier command left on the machine,
-and returns its results from ``$OUT``. DALI, too large for one command, travels as
-``benchmarks/pack_dali.sh`` packs it: its wheels unzipped into one site folder, in one tar compressed
-with xz, cut into :data:`DALI_PARTS` parts. The parts gather on the machine over the DALI session's
-commands, one part each; the last command checks the tar's sha256, extracts it and runs the dali
-stage (DALI's tests, its profile, its rung). Each command is priced: its stages' estimates, their
-budgets (what gpu_suite.sh enforces: its ``BUDGET`` table, which a test keeps equal to these), the
-transfers; each session, with the machine's start, must fit its 15 minutes with a margin
-(:data:`MARGIN_S`) if every command used its whole budget.
+Runs anywhere, no GPU needed. On your own GPU, ``benchmarks/gpu_suite.sh`` runs the stages without a
+plan. The plan is for a remote machine where a session has 15 minutes of GPU time in all
+(:data:`SESSION_S`): the machine's start (1-2 minutes), every command (10 minutes at most), the
+transfers, and the 30 s of idle after the last command, when the machine is released. So the plan is
+sessions, each on a machine that starts bare, the most valuable first: (1) the preflight, the ladder
+and the profiles; (2) the GPU-only tests and the one-GPU scaling point; (3) the distributed code on
+CUDA tensors (two ranks on the one GPU over gloo); (4) DALI. A session's commands are sent back to
+back (a machine goes back 30 seconds after a command ends, and may be replaced by a bare one between
+two commands), and each command stands on its own: it starts by installing the small wheels it
+carries (ruamel.yaml, which every script imports) into a fresh folder, reads nothing an earlier
+command left on the machine, and returns its results from ``$OUT``. DALI, too large for one command,
+travels as ``benchmarks/pack_dali.sh`` packs it: its wheels unzipped into one site folder, in one
+tar compressed with xz, cut into :data:`DALI_PARTS` parts. The parts gather on the machine over the
+DALI session's commands, one part each; the last command checks the tar's sha256, extracts it and
+runs the dali stage (DALI's tests, its profile, its rung). Each command is priced: its stages'
+estimates, their budgets (what gpu_suite.sh enforces: its ``BUDGET`` table, which a test keeps equal
+to these), the transfers; each session, with the machine's start, must fit its 15 minutes with a
+margin (:data:`MARGIN_S`) if every command used its whole budget.
 
 The estimates read the rungs, trial sizes and batches from the benchmark tools themselves and
 price them with the throughputs in :data:`ASSUMED_IO` and :data:`ASSUMED_COMPUTE`: the original
@@ -27,14 +31,17 @@ tutorial's A100 figures (README of the SC22 tutorial), which an H100 or H200 exc
 upper bounds for such a GPU. Set-up costs, transfers and the GPU tests' costs are estimates, marked
 as such, but for DALI's extraction and a part's transfer, measured on an H200 (2026-11-26).
 
-One GPU gives the multi-GPU code no coverage: at world size 1 no process group is made, and NCCL
-refuses two ranks on one GPU. DDP, FSDP, domain parallelism over NCCL and the CUDA-graph step
-under DDP are the ``multi-gpu`` stage of the plan for a machine with several GPUs (``--gpus N``),
-with the weak-scaling points over its GPUs; the single-GPU plan runs the one-GPU point.
+One GPU runs the distributed code with two ranks over gloo (NCCL refuses two ranks on one GPU): the
+``tests-distributed`` stage. NCCL itself, the halo exchange of domain parallelism on CUDA tensors (gloo
+sends no CUDA tensor point to point) and the CUDA-graph step under DDP are the ``multi-gpu`` stage of
+the plan for a machine with several GPUs (``--gpus N``), with the weak-scaling points over its GPUs; the
+single-GPU plan runs the one-GPU point.
 """
 import argparse
+import glob
 import math
 import os
+import re
 
 import yaml
 
@@ -66,15 +73,32 @@ GPU_TESTS = [("tests/test_train_graph.py: 3 precisions x (eager + graph) runs", 
              ("tests/test_gpu_prefetch.py: device prefetch and gradient accumulation (reserved: 3 runs)",
               3 * TEST_RUN),
              ("the loaders, metrics and symmetry on the GPU (no train.py runs)", 10),
+             ("tests/test_out_of_memory.py: a real out-of-memory error in epoch 2, and an absurd local batch (2 runs)",
+              2 * TEST_RUN + 20),
              ("pytest's start and collection", 10)]
 COMPILE_TESTS = [("tests/test_gpu_paths.py compile: two epochs, reduce-overhead, training and validation "
                   "compiled", 130), ("pytest's start and collection", 10)]
+# The distributed code on CUDA tensors: two ranks sharing the GPU over gloo (tests/test_cuda_distributed.py),
+# estimated: torchrun's start adds about 10 s to a train.py run.
+TORCHRUN_RUN = TEST_RUN + 10
+DISTRIBUTED_TESTS = [("tests/dist_worker.py's variants (DDP and its knobs, comm hooks, FSDP) on 2 ranks, float64, "
+                      "and the one-rank reference", 60),
+                     ("tests/dist_worker.py's accumulation variants on 2 ranks, and the one-rank reference", 40),
+                     ("train.py under torchrun: one rank, DDP, DDP + device prefetch, FSDP, 2 micro-batches (5 runs)",
+                      5 * TORCHRUN_RUN),
+                     ("--resume: a 2-rank run stopped by SIGUSR1, and its resumption (2 runs)", 2 * TORCHRUN_RUN),
+                     ("gloo's point-to-point messages on CUDA tensors, and the domain mesh's refusal", 30),
+                     ("pytest's start and collection", 10)]
 DALI_TESTS = [("tests/test_data_loader_dali.py on the GPU: two loaders compared (no train.py runs)", 20),
               ("pytest's start and collection", 10)]
 # DALI for CUDA 13 and what it imports: 254 MB of wheels, unzipped and packed by benchmarks/pack_dali.sh into a
 # tar.xz of 167 MB, carried in parts of 56 MiB.
 DALI_PARTS = 3
 DALI_INSTALL_S = 20   # joining the parts, their sha256 and tar xJf: the extraction took 7.9 s on an H200 (2026-11-26)
+# Seconds for one Nsight Systems route of the nsys-probe stage (gpu_suite.sh's NSYS_LIMIT): issue 41 asks for
+# at least 120 s, where a 30 s probe of the machine's own nsys wrote no report.
+NSYS_LIMIT_S = 120
+NSYS_CARRY = ".carry/nsys"  # Debian's nsight-systems-target .deb, for the nsys-probe stage
 COPY_BUDGET = 10      # a part's command: a copy of 56 MiB on the machine
 CUDNN_AUTOTUNE_S = 60  # python -m benchmarks.cudnn_autotune: the first step with and without autotuning
 # Where each command installs what it carries (DALI's site too), and gathers DALI's parts: under $HOME (/root on
@@ -209,6 +233,12 @@ def steps():
                                           "cost (where the tree has it)", CUDNN_AUTOTUNE_S)])],
         "tests-gpu": [("tests-gpu", GPU_TESTS)],
         "tests-compile": [("tests-compile", COMPILE_TESTS)],
+        "tests-distributed": [("tests-distributed", DISTRIBUTED_TESTS)],
+        "nsys-probe": [("data", [("the 256^3 data set", SETUP_S["data"])]),
+                       ("nsys-machine", [(f"the machine's nsys: train.py's profiling window under nsys profile "
+                                          f"(at most {NSYS_LIMIT_S} s)", NSYS_LIMIT_S + 10)]),
+                       ("nsys-debian", [(f"Debian's 2022.4 CLI, unpacked from .carry/nsys/: the same (at most "
+                                         f"{NSYS_LIMIT_S} s)", NSYS_LIMIT_S + 10)])],
         "scaling": [("scaling", scaling_rows(1))],
         # DALI's tests first: 30 s of correctness, where the loaders' rungs can run into the budget.
         "dali": [("tests-dali", DALI_TESTS), ("profile-dali", [("profile dali_bf16_fused (where DALI imports)", 45)]),
@@ -247,9 +277,10 @@ def dali_commands(parts=DALI_PARTS):
     return commands
 
 
-# The single-GPU plan: sessions, each a lease of its own, the most valuable first; in each, commands of stages.
+# The single-GPU plan: sessions, each on a bare machine, the most valuable first; in each, commands of stages.
 # ["dali"] is DALI's session: its parts, one a command, the last with the dali stage (dali_commands).
-SINGLE_GPU = [[["preflight"], ["ladder"], ["profiles"]], [["tests-gpu", "tests-compile"], ["scaling"]], [["dali"]]]
+SINGLE_GPU = [[["preflight"], ["ladder"], ["profiles"]], [["tests-gpu", "tests-compile"], ["scaling"]],
+              [["tests-distributed"]], [["nsys-probe"]], [["dali"]]]
 MULTI_GPU = [[["preflight"], ["multi-gpu"], ["scaling"]]]
 
 
@@ -257,8 +288,11 @@ def stage_command(stages, priced, limit):
     """The command that runs these stages: a dict of what, command, carry, estimate, budget, transfer, stages
     and steps."""
     carry = [WHEELS] if stages == ["preflight"] else [WHEELS, CARRIED_PREFLIGHT]
+    if "nsys-probe" in stages:
+        carry.append(NSYS_CARRY)
     return {"what": "stage " + " and ".join(stages), "stages": stages, "command": suite(stages), "carry": carry,
-            "estimate": sum(stage_estimate(priced[stage]) for stage in stages), "transfer": TRANSFER_S,
+            "estimate": sum(stage_estimate(priced[stage]) for stage in stages),
+            "transfer": DALI_PART_TRANSFER_S if NSYS_CARRY in carry else TRANSFER_S,  # the .deb: as a DALI part
             "budget": sum(budget(stage_estimate(priced[stage]), limit) for stage in stages),
             "steps": [step for stage in stages for step in priced[stage]]}
 
@@ -307,30 +341,93 @@ def stage_budgets(limit=540):
     return {stage: budget(stage_estimate(stage_steps), limit) for stage, stage_steps in steps().items()}
 
 
+# What each stage of gpu_suite.sh measures or checks, and where under RESULTS it writes, for its overview.
+STAGE_INFO = {
+    "preflight": ("what the later stages rely on: versions, memory, the compiler, bf16 convolutions, nsys, DALI",
+                  ["preflight.json"]),
+    "ladder": ("the optimisation ladder's GPU-resident rungs: IO, SYNTHETIC and FULL samples/s, MFU",
+               ["<device>-<date>.md", "<device>-<date>.json"]),
+    "profiles": ("per-phase step times and traces of five rungs, the layers one by one, cuDNN autotuning's first step",
+                 ["profiles/", "layers/"]),
+    "tests-gpu": ("the GPU-only tests: CUDA graphs, no host syncs, profiling, device prefetch, out-of-memory",
+                  ["gpu_suite-tests-gpu.xml"]),
+    "tests-compile": ("torch.compile's GPU tests (CUDA graphs through training and validation)",
+                      ["gpu_suite-tests-compile.xml"]),
+    "tests-distributed": ("DDP, FSDP, accumulation, prefetch and --resume on CUDA tensors: 2 ranks on this GPU "
+                          "over gloo", ["gpu_suite-tests-distributed.xml"]),
+    "scaling": ("weak scaling over this node's GPUs, DDP and --noddp", ["scaling/"]),
+    "dali": ("DALI's GPU tests and profile, the ladder's DALI and host-loader rungs", ["loaders/", "profiles-dali/"]),
+    "multi-gpu": ("DDP, FSDP, domain [2,1,1] and the CUDA-graph step under DDP over NCCL (2 GPUs or more)",
+                  ["multi-gpu/"]),
+    "nsys-probe": ("which Nsight Systems writes a report of train.py's profiling window: the machine's own, "
+                   "Debian's 2022.4 CLI", ["nsys-probe/"]),
+}
+COMMITTED_LOGS = os.path.join(ROOT, "benchmarks", "results", "gpu_suite")
+
+
+def committed_time(stage, gpu="H100"):
+    """(seconds, status, log) of the latest committed run of ``stage`` on a ``gpu`` (its name in the log's
+    nvidia-smi line), or None: read from benchmarks/results/gpu_suite/gpu_suite-<stage>-<date>.log."""
+    found = None
+    for log in sorted(glob.glob(os.path.join(COMMITTED_LOGS, f"gpu_suite-{stage}-*.log"))):
+        text = open(log).read()
+        lines = text.splitlines()
+        ended = re.search(rf"stage {re.escape(stage)} ended with status (\d+) after (\d+) s", text)
+        if len(lines) > 1 and gpu in lines[1] and ended:
+            found = int(ended.group(2)), int(ended.group(1)), os.path.relpath(log, ROOT)
+    return found
+
+
+def stage_overview(stages, results=SUITE_RESULTS):
+    """One paragraph per stage: what it measures, where it writes, and how long it took on an H100 in the
+    committed logs (or on an H200 where no H100 ran it)."""
+    lines = []
+    for stage in stages:
+        what, where = STAGE_INFO[stage]
+        times = []
+        for gpu in ("H100", "H200"):
+            measured = committed_time(stage, gpu)
+            if measured:
+                seconds, status, log = measured
+                failed = f" (ended with status {status}: see its log)" if status else ""
+                times.append(f"on an {gpu}: {seconds} s{failed}, {log}")
+            elif gpu == "H100":
+                times.append("on an H100: not measured")
+        lines.append(f"  {stage}: {what}.\n      results: {', '.join(os.path.join(results, path) for path in where)}"
+                     f"\n      time {'; '.join(times)}")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=540, help="STAGE_LIMIT: seconds a stage may run")
     parser.add_argument("--gpus", type=int, default=1, help="the machine's GPUs: 2 or more for the multi-GPU plan")
     parser.add_argument("--no_dali", action="store_true", help="leave DALI's install out (its rung and tests skip)")
+    parser.add_argument("--overview", nargs="+", metavar="STAGE", help="print what these stages measure, where "
+                        "they write (under --results) and their time in the committed logs, and stop")
+    parser.add_argument("--results", default=SUITE_RESULTS, help="gpu_suite.sh's RESULTS, for --overview")
     args = parser.parse_args(argv)
+    if args.overview:
+        print(stage_overview(args.overview, args.results))
+        return 0
     sessions = plan(args.limit, args.gpus, dali=not args.no_dali)
     commands = [command for session in sessions for command in session]
     dali = any(command["what"].startswith("DALI") for command in commands)
     print(f"GPU suite plan for a machine with {args.gpus} GPU(s): {len(commands)} commands in {len(sessions)} "
-          f"session(s), the most valuable first. A session is a lease of its own, on a machine that starts bare, "
-          f"with {SESSION_S // 60} min of device time for the machine's start, its commands, their transfers and "
-          f"the idle {IDLE_S} s after its last command; sessions may be days apart. A session's commands are "
-          "sent back to back (each within 30 s of the last, or the "
-          "machine and what it holds are gone). Each command stands on its own: it installs the small wheels it "
+          f"session(s), the most valuable first, for a remote GPU machine with a time limit. A session is one use "
+          f"of a machine that starts bare, with {SESSION_S // 60} min of device time for the machine's start, "
+          f"its commands, their transfers and the idle {IDLE_S} s after its last command; sessions may be days "
+          "apart. A session's commands are sent back to back (each within 30 s of the last, or the machine and what "
+          "it holds are gone). Each command stands on its own: it installs the small wheels it "
           "carries, reads nothing an earlier command left on the machine" + " but DALI's gathered parts" * dali
           + ", and its results come back from $OUT (the archives gpu_suite_<stage>.tgz). Estimates: the original "
           "tutorial's A100 throughputs (an H100 or H200 is faster), set-up, transfers and GPU tests estimated; "
           "budgets: what gpu_suite.sh enforces; timeout_s: the budget and 30 s.")
     if args.gpus == 1:
-        print("\nOne GPU gives the multi-GPU code no coverage (world size 1 makes no process group; NCCL refuses "
-              "two ranks on one GPU): DDP, FSDP, domain [2,1,1] over NCCL, the CUDA-graph step under DDP and "
-              "the weak-scaling points past one GPU are the plan for a machine with several GPUs: "
-              "benchmarks/gpu_suite.sh --plan --gpus 4.")
+        print("\nOne GPU runs DDP, FSDP and accumulation with two ranks over gloo (stage tests-distributed; NCCL "
+              "refuses two ranks on one GPU). NCCL itself, domain [2,1,1] with its halo exchange on CUDA tensors, "
+              "the CUDA-graph step under DDP and the weak-scaling points past one GPU are the plan for a machine "
+              "with several GPUs: benchmarks/gpu_suite.sh --plan --gpus 4.")
     last = f".carry/{DALI_PARTS}"
     print(f"\nBefore the first session, in the ignored folder .carry/: the wheels of {', '.join(SMALL_WHEELS)} for "
           f"the machine's Python 3.12 in {WHEELS}/ (python -m pip download --no-deps --only-binary=:all: "
@@ -340,6 +437,11 @@ def main(argv=None):
              f"{last}/site.sha256; xz -9 takes about 3 min on 2 cores); check them here with: cat .carry/[0-9]*/"
              f"site.tar.xz.? | sha256sum (the sum in {last}/site.sha256)"
              if dali else "") + ".")
+    if any("nsys-probe" in command["stages"] for command in commands):
+        print(f"Before the nsys-probe session, Debian's Nsight Systems 2022.4 CLI in {NSYS_CARRY}/ (34 MB; not "
+              "tracked): add contrib non-free to the Components of the Debian source, apt-get update, then "
+              f"(cd {NSYS_CARRY} && apt-get download nsight-systems-target); without it that route says so and the "
+              "stage goes on.")
     print(f"After command 1, within the 30 s: mkdir -p {CARRIED_PREFLIGHT} && tar xzf <its files>/gpu_suite_"
           f"preflight.tgz -O {SUITE_RESULTS}/preflight.json > {CARRIED_PREFLIGHT}/preflight.json (the "
           "preflight's nsys answer, carried by the commands after it, in later sessions too; without it the "

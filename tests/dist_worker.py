@@ -12,6 +12,11 @@ The environment is what torchrun would set, so the process joins its group the w
             DDP's all-reduces with a comm hook, and two wrong accumulations (see ACCUMULATION)
   die       train; rank 1 kills itself with SIGKILL after two steps
   hang      train; rank 1 stops answering (sleeps) after two steps
+  halo_exchange
+            one batch_isend_irecv of the halo exchange's kind between the two ranks; writes what came back
+            (tests/test_cuda_distributed.py: whether gloo sends CUDA tensors)
+
+With TEST_DEVICE=cuda (and DIST_BACKEND=gloo: two ranks on one GPU) the scenarios train on the GPU.
 
 :func:`train` with a one-rank World is also the reference the test compares against.
 """
@@ -156,8 +161,17 @@ def broadcast_object(value, world):
     return box[0]
 
 
-def run_variants(world, out_dir):
-    device = torch.device("cpu")
+def ranks_device():
+    """The ranks' device: TEST_DEVICE (cpu by default; cuda: the GPU, deterministic cuDNN, no TF32)."""
+    device = torch.device(os.environ.get("TEST_DEVICE", "cpu"))
+    if device.type == "cuda":
+        torch.cuda.set_device(0)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    return device
+
+
+def run_variants(world, out_dir, device=torch.device("cpu")):
     runs = [(name, overrides, None) for name, overrides in VARIANTS.items()]
     runs += [(name, {}, hook) for name, hook in BROKEN.items()]
     for name, overrides, hook in runs:
@@ -243,14 +257,31 @@ def train_accumulating(params, world, device=torch.device("cpu"), accumulation=G
     return result
 
 
-def run_accumulation(world, out_dir):
+def run_accumulation(world, out_dir, device=torch.device("cpu")):
     for name, (overrides, accumulation) in ACCUMULATION.items():
         try:
-            result = train_accumulating(make_params(**overrides), world, accumulation=accumulation)
+            result = train_accumulating(make_params(**overrides), world, device, accumulation=accumulation)
             torch.save(result, os.path.join(out_dir, f"{name}.rank{world.rank}.pt"))
         except Exception:  # recorded per variant, so that each test reports its own failure
             with open(os.path.join(out_dir, f"{name}.rank{world.rank}.error"), "w") as f:
                 f.write(traceback.format_exc())
+
+
+def run_halo_exchange(world, out_dir, device):
+    """Each rank sends a tensor of its rank's value to the other with batch_isend_irecv, as utils/halo.py
+    does, and writes what it received (or the error) to halo_exchange.rank<R>.json."""
+    outgoing = torch.full((4, 8, 8), float(world.rank + 1), device=device)
+    incoming = torch.zeros_like(outgoing)
+    dist, peer = torch.distributed, 1 - world.rank
+    try:
+        for request in dist.batch_isend_irecv([dist.P2POp(dist.isend, outgoing, peer),
+                                               dist.P2POp(dist.irecv, incoming, peer)]):
+            request.wait()
+        outcome = {"received": incoming.unique().tolist()}
+    except Exception as error:  # the outcome is the result
+        outcome = {"error": f"{type(error).__name__}: {error}"}
+    with open(os.path.join(out_dir, f"halo_exchange.rank{world.rank}.json"), "w") as f:
+        json.dump(outcome, f)
 
 
 def run_until_lost(world, scenario):
@@ -275,12 +306,15 @@ def main(scenario, out_dir):
     torch.set_num_threads(1)  # two ranks share the test machine's cores
     world = distributed.read_world()
     params = make_params(dist_timeout_s=int(os.environ.get("TEST_DIST_TIMEOUT_S", 60)))
-    distributed.check_parallel_options(params, world, torch.device("cpu"))
-    distributed.init_process_group(world, torch.device("cpu"), params)
+    device = ranks_device()
+    distributed.check_parallel_options(params, world, device)
+    distributed.init_process_group(world, device, params)
     if scenario == "variants":
-        run_variants(world, out_dir)
+        run_variants(world, out_dir, device)
     elif scenario == "accumulation":
-        run_accumulation(world, out_dir)
+        run_accumulation(world, out_dir, device)
+    elif scenario == "halo_exchange":
+        run_halo_exchange(world, out_dir, device)
     else:
         run_until_lost(world, scenario)
     distributed.shutdown(world)

@@ -1,7 +1,9 @@
-"""benchmarks/gpu_suite.sh fits a remote GPU's time and loses nothing: its plan (no GPU needed) prints sessions
-that each fit a lease, the preflight first, and ready-to-paste commands, each inside the budget the script enforces;
-the script runs what the plan prices; a stage packs what it finished after every step, at its
-deadline and on SIGTERM (run here for real with the preflight, the stage a CPU can run)."""
+"""benchmarks/gpu_suite.sh runs its stages on the GPU it is on and says what each measures, where it writes
+and how long it took on an H100 (the committed logs); for a remote GPU machine with a time limit, its plan (no
+GPU needed) prints sessions that each fit the machine's time, the preflight first, and ready-to-paste commands,
+each inside the budget the script enforces; the script runs what the plan prices; a stage packs what it
+finished after every step, at its deadline and on SIGTERM (run here for real with the preflight, the stage a CPU
+can run)."""
 import os
 import re
 import signal
@@ -14,7 +16,8 @@ from benchmarks import ladder, suite_plan
 from conftest import ROOT
 
 SUITE = os.path.join(ROOT, "benchmarks", "gpu_suite.sh")
-STAGES = ["preflight", "ladder", "profiles", "tests-gpu", "tests-compile", "scaling", "dali", "multi-gpu"]
+STAGES = ["preflight", "ladder", "profiles", "tests-gpu", "tests-compile", "tests-distributed", "scaling", "dali",
+          "multi-gpu", "nsys-probe"]
 
 
 def script():
@@ -46,13 +49,16 @@ def test_the_plan_fits_its_sessions_most_valuable_first_each_command_installing_
     assert all(fits == "fits" and int(estimate) <= int(budget) <= 530 and int(timeout) <= 600
                and len(command) <= 2000 for _, _, budget, estimate, _, timeout, fits, command in commands)
     stages = [re.search(r"gpu_suite\.sh (.+)$", command).group(1) for *_, command in commands if "gpu_suite.sh" in command]
-    assert stages == ["preflight", "ladder", "profiles", "tests-gpu tests-compile", "scaling", "dali"]  # by value
-    # Sessions, each a lease of its own, by value: the measurements, the tests and scaling, DALI.
+    assert stages == ["preflight", "ladder", "profiles", "tests-gpu tests-compile", "scaling", "tests-distributed",
+                      "nsys-probe", "dali"]  # by value
+    # Sessions, each on a bare machine, by value: the measurements, the tests and scaling, the distributed code on
+    # CUDA tensors, the Nsight Systems routes, DALI.
     sessions = suite_plan.plan()
     assert [[stage for command in session for stage in command["stages"]] for session in sessions] == [
-        ["preflight", "ladder", "profiles"], ["tests-gpu", "tests-compile", "scaling"], ["dali"]]
-    printed = re.split(r"^Session \d+ of 3: .*$", output, flags=re.M)
-    assert len(printed) == 4 and [len(heads(text)) for text in printed[1:]] == [len(session) for session in sessions]
+        ["preflight", "ladder", "profiles"], ["tests-gpu", "tests-compile", "scaling"], ["tests-distributed"],
+        ["nsys-probe"], ["dali"]]
+    printed = re.split(r"^Session \d+ of 5: .*$", output, flags=re.M)
+    assert len(printed) == 6 and [len(heads(text)) for text in printed[1:]] == [len(session) for session in sessions]
     # Every command that runs a stage installs the small wheels it carries first, into a folder under HOME.
     for _, what, _, _, carry, _, _, command in commands:
         if "gpu_suite.sh" in command:
@@ -70,15 +76,16 @@ def test_the_plan_fits_its_sessions_most_valuable_first_each_command_installing_
                         r"estimated\); with the machine's start \(120 s\) and the idle 30 s after its last command: "
                         r"about [\d.]+ min, at most ([\d.]+) min if every command used its whole budget, of the 15 min "
                         r"of device time a session has \(fits, with (\d+) s to spare\)\.$", output, flags=re.M)
-    assert [int(number) for number, *_ in totals] == [1, 2, 3]
+    assert [int(number) for number, *_ in totals] == [1, 2, 3, 4, 5]
     for session, (_, transfers, most, spare) in zip(sessions, totals):
         estimated, budgeted = suite_plan.session_seconds(session)
         assert budgeted == suite_plan.START_S + suite_plan.IDLE_S + sum(c["budget"] + c["transfer"] for c in session)
         assert estimated < budgeted and float(most) == round(budgeted / 60, 1) and int(transfers) == sum(
             c["transfer"] for c in session)
         assert int(spare) == suite_plan.SESSION_S - budgeted >= suite_plan.MARGIN_S
-    assert "all sessions: 3, " in output and "(each fits its 15 min)" in output
-    assert "One GPU gives the multi-GPU code no coverage" in output and "--plan --gpus 4" in output
+    assert "all sessions: 5, " in output and "(each fits its 15 min)" in output
+    assert "for a remote GPU machine with a time limit" in output and "lease" not in output
+    assert "One GPU runs DDP, FSDP and accumulation with two ranks over gloo" in output and "--plan --gpus 4" in output
     # Room kept for what the ladder and the tests will have: the prefetch rung, the prefetch tests, cuDNN's autotuning.
     assert "device prefetch" in output and "tests/test_gpu_prefetch.py" in output and "cudnn_autotune" in output
 
@@ -88,8 +95,8 @@ def test_a_session_that_cannot_fit_is_reported(monkeypatch, capsys):
     assert suite_plan.main([]) == 1
     output = capsys.readouterr().out
     assert re.search(r"^session 1: .*\(DOES NOT FIT\)\.$", output, flags=re.M)
-    assert re.search(r"^session 2: .*\(fits, with \d+ s to spare\)\.$", output, flags=re.M)
-    assert "all sessions: 3, " in output and output.rstrip().endswith("(DOES NOT FIT).")
+    assert re.search(r"^session 3: .*\(fits, with \d+ s to spare\)\.$", output, flags=re.M)  # 555 s
+    assert "all sessions: 5, " in output and output.rstrip().endswith("(DOES NOT FIT).")
 
 
 def test_the_multi_gpu_plan_is_ready_to_paste():
@@ -119,7 +126,27 @@ def test_the_script_enforces_the_plans_budgets_and_runs_what_it_prices():
     assert "-m benchmarks.ladder" in commands["ladder"] and "--group gpu" in commands["ladder"]
     assert "--group loaders" in commands["dali"] and '-m gpu -k dali' in commands["dali"]
     assert "-m benchmarks.profiles" in commands["profiles"] and "-m benchmarks.layers" in commands["profiles"]
-    assert '-m gpu -k "not compile and not dali"' in commands["tests-gpu"] and "-m gpu -k compile" in commands["tests-compile"]
+    assert '-m gpu -k "not compile and not dali and not cuda_distributed"' in commands["tests-gpu"]
+    assert "-m gpu -k compile" in commands["tests-compile"]
+    assert "-m gpu -k cuda_distributed" in commands["tests-distributed"]
+
+
+def test_the_nsys_probe_tries_each_route_with_the_issues_options():
+    """The machine's own nsys and Debian's carried CLI, each given NSYS_LIMIT (the plan's price) on train.py's
+    cudaProfilerApi window with sampling and CPU context switches off; the plan carries the .deb and says how
+    to fetch it."""
+    commands = script_commands()["nsys-probe"]
+    assert re.findall(r"step (nsys-\w+) \d+ bash -c 'nsys_route \"\$@\"' _ (\w+) ", commands) == [
+        ("nsys-machine", "machine"), ("nsys-debian", "debian")]
+    assert f"NSYS_LIMIT={suite_plan.NSYS_LIMIT_S} " in script() and suite_plan.NSYS_LIMIT_S >= 120
+    route = re.search(r"^nsys_route\(\) \{\n(.*?)^\}", script(), flags=re.M | re.S).group(1)
+    for option in ("--sample=none", "--cpuctxsw=none", "-c cudaProfilerApi", "--enable_manual_profiling",
+                   'timeout -s INT -k 10 "$NSYS_LIMIT"'):
+        assert option in route, option
+    [command] = [c for session in suite_plan.plan() for c in session if c["stages"] == ["nsys-probe"]]
+    assert suite_plan.NSYS_CARRY in command["carry"] and "nsight-systems-target_*.deb" in commands
+    status, output = plan_output()
+    assert "apt-get download nsight-systems-target" in output
 
 
 def test_the_plan_copies_the_preflights_answer_from_where_the_suite_writes_it():
@@ -131,6 +158,40 @@ def test_the_plan_copies_the_preflights_answer_from_where_the_suite_writes_it():
     assert f"gpu_suite_preflight.tgz -O {suite_plan.SUITE_RESULTS}/preflight.json > .carry/preflight/" in output
 
 
+def test_the_overview_gives_each_stages_time_from_the_committed_logs():
+    """Every stage's time on an H100 is the one its committed log ends with, or "not measured"."""
+    output = subprocess.run([sys.executable, "-m", "benchmarks.suite_plan", "--overview", *STAGES], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60).stdout
+    assert re.findall(r"^  ([\w-]+): ", output, flags=re.M) == STAGES
+    for stage in STAGES:
+        logs = [path for path in sorted(os.listdir(suite_plan.COMMITTED_LOGS))
+                if path.startswith(f"gpu_suite-{stage}-") and path.endswith(".log")
+                and "H100" in open(os.path.join(suite_plan.COMMITTED_LOGS, path)).read().splitlines()[1]]
+        block = re.split(r"\n  (?=[\w-]+: )", output.split(f"  {stage}: ")[1])[0]
+        if not logs:
+            assert "time on an H100: not measured" in block, stage
+            continue
+        text = open(os.path.join(suite_plan.COMMITTED_LOGS, logs[-1])).read()
+        seconds = re.search(rf"stage {stage} ended with status \d+ after (\d+) s", text).group(1)
+        assert f"time on an H100: {seconds} s" in block and logs[-1] in block, stage
+    assert "time on an H100: 320 s" in output  # the ladder, 2026-11-25 (benchmarks/results/gpu_suite)
+
+
+def test_a_stage_on_this_machine_says_what_it_measured_and_where_it_went(tmp_path):
+    """Without OUT (no remote machine): the overview first, then the stage under the guard limit alone, and a
+    summary of each stage's status, time, log and results."""
+    env = {**os.environ, "PYTHON": sys.executable, "RESULTS": str(tmp_path / "results")}
+    env.pop("OUT", None)
+    result = subprocess.run([SUITE, "preflight"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"^  preflight: what the later stages rely on.*\n      results: .*/results/preflight\.json\n"
+                     r"      time on an H100: \d+ s, benchmarks/results/gpu_suite/gpu_suite-preflight-", result.stdout,
+                     flags=re.M)
+    assert "budget 1800 s" in result.stdout and "gpu_suite_preflight.tgz" not in result.stdout
+    assert re.search(rf"^  preflight: passed in \d+ s; log {tmp_path}/results/gpu_suite-preflight-[\d-]+\.log; "
+                     rf"results: {tmp_path}/results/preflight\.json$", result.stdout, flags=re.M)
+
+
 def test_a_stage_that_cannot_fit_is_reported():
     assert suite_plan.main(["--limit", "60"]) == 1
 
@@ -138,12 +199,17 @@ def test_a_stage_that_cannot_fit_is_reported():
 def test_help_prints_the_usage():
     result = subprocess.run([SUITE, "--help"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0 and result.stderr == ""
-    assert result.stdout.startswith("The tutorial's GPU measurements")
+    assert result.stdout.startswith("The tutorial's GPU measurements and checks, in stages, on the GPU this runs on")
     for stage in STAGES:
-        assert f"benchmarks/gpu_suite.sh {stage} " in result.stdout
-    assert "#" not in result.stdout and "set -uo" not in result.stdout
-    bare = subprocess.run([SUITE], capture_output=True, text=True, timeout=30)
-    assert bare.returncode == 2 and "--help" in bare.stderr
+        assert re.search(rf"^  {stage} +\S", result.stdout, flags=re.M), stage
+    assert "sbatch " in result.stdout and '--wrap "PYTHON=.venv/bin/python benchmarks/gpu_suite.sh"' in result.stdout
+    assert "On a remote GPU machine with a time limit" in result.stdout and "lease" not in result.stdout
+    assert "set -uo" not in result.stdout
+    # No stage named: all of them, on this machine's GPU; without one, refused before anything runs.
+    bare = subprocess.run([SUITE], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""})
+    assert bare.returncode == 2 and "sees no CUDA GPU, and stage ladder measures one" in bare.stderr
+    assert bare.stdout == ""
 
 
 def suite(tmp_path, *stages, **env):

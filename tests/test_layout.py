@@ -33,6 +33,7 @@ UTILS_IMPORTS = {
     "metrics": set(),
     "noise": set(),
     "optim": {"errors"},
+    "out_of_memory": {"errors"},  # a RankError: the rank that ran out prints its own paragraph
     "preview": {"files"},
     "profiling": {"errors"},
     "prefetch": {"__init__"},  # which loaders are the host loaders it copies ahead

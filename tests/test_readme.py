@@ -447,8 +447,9 @@ def check_precision(scratch, output):
 
 def check_plan(scratch, output):
     assert re.findall(r"^ *\d+\. stage ([\w -]+?): budget \d+ s, about \d+ s; carry .+?; timeout_s \d+ \(fits\)$",
-                      output, flags=re.M) == ["preflight", "ladder", "profiles", "tests-gpu and tests-compile", "scaling"]
-    assert len(re.findall(r"of the 15 min of device time a session has \(fits, with \d+ s to spare\)", output)) == 3
+                      output, flags=re.M) == ["preflight", "ladder", "profiles", "tests-gpu and tests-compile", "scaling",
+                                              "tests-distributed", "nsys-probe"]
+    assert len(re.findall(r"of the 15 min of device time a session has \(fits, with \d+ s to spare\)", output)) == 5
     assert "(each fits its 15 min)" in output
 
 

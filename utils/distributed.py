@@ -218,6 +218,14 @@ def check_parallel_options(params, world, device, graph_capture=False):
     device the ranks train on; ``graph_capture``: the step is captured in a CUDA graph (train_graph.py).
     """
     check_domain_options(params, world, graph_capture)
+    backend = choose_backend(device) if world.size > 1 else None
+    mesh = params.domain_mesh
+    if backend == "gloo" and device.type == "cuda" and mesh[0] * mesh[1] * mesh[2] > 1:
+        # torch's ProcessGroupGloo copies CUDA tensors through host memory for its collectives, but its
+        # send and recv hand the tensor's own (device) pointer to gloo's TCP transport.
+        raise UserError(f"DIST_BACKEND=gloo cannot exchange the halos of --domain_mesh={mesh} on GPUs: gloo's "
+                        "point-to-point messages take host memory only, and the halos are CUDA tensors. Unset "
+                        "DIST_BACKEND (NCCL, one GPU per rank), or run the mesh on CPU processes (--device=cpu).")
     if params.parallel == "fsdp" and params.noddp:
         raise UserError("--parallel=fsdp cannot be combined with --noddp: FSDP needs communication to "
                         "gather each block's sharded weights, so there is no FSDP run without it. Use "
@@ -248,13 +256,13 @@ def check_parallel_options(params, world, device, graph_capture=False):
         raise UserError("--parallel=fsdp cannot shard channels_last weights: FSDP splits each parameter as "
                         "one contiguous block, and channels_last_3d convolution weights are not contiguous. "
                         "Drop --channels_last, or train with --parallel=ddp.")
-    if params.parallel == "fsdp" and world.size > 1 and device.type == "cpu" and torch_release() < (2, 9):
+    if params.parallel == "fsdp" and backend == "gloo" and torch_release() < (2, 9):
         # Measured on CPU: fully_shard makes CUDA streams in torch 2.4 to 2.6, and in 2.7 and 2.8 it sums
         # the ranks' gradients over gloo instead of averaging them (tests/test_distributed.py catches both).
-        raise UserError(f"--parallel=fsdp on CPU processes needs PyTorch 2.9 or newer (this is "
-                        f"{torch.__version__}): older versions of fully_shard need CUDA or, over gloo, add up "
-                        "the ranks' gradients instead of averaging them. Use --parallel=ddp on CPUs, or "
-                        "install a newer PyTorch.")
+        raise UserError(f"--parallel=fsdp over gloo (CPU processes, or DIST_BACKEND=gloo) needs PyTorch 2.9 or "
+                        f"newer (this is {torch.__version__}): older versions of fully_shard need CUDA or, over "
+                        "gloo, add up the ranks' gradients instead of averaging them. Use --parallel=ddp over "
+                        "gloo, or install a newer PyTorch.")
     if params.parallel == "fsdp" and world.size > 1 and import_fully_shard() is None:
         raise UserError(f"--parallel=fsdp needs torch.distributed's fully_shard, which this PyTorch "
                         f"({torch.__version__}) does not provide. Install PyTorch 2.4 or newer, or train "
@@ -279,7 +287,7 @@ def import_fully_shard():
 
 
 def init_process_group(world, device, params=None):
-    """Join the other ranks: NCCL between GPUs, gloo between CPU processes.
+    """Join the other ranks: NCCL between GPUs, gloo between CPU processes (:func:`choose_backend`).
 
     ``params.dist_timeout_s`` (600 s without ``params``) bounds every wait for the other ranks, the
     rendezvous included, so that a dead or stuck rank makes the others stop instead of hanging until
@@ -302,7 +310,7 @@ def init_process_group(world, device, params=None):
         raise UserError(f"WORLD_SIZE={world.size} but {' and '.join(missing)} is not set, so the ranks "
                         "cannot find each other. Launch with torchrun, or under Slurm source "
                         "export_DDP_vars.sh and set MASTER_ADDR to the first node of the allocation.")
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = choose_backend(device)
     if backend == "nccl" and os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING") in ("0", "2"):
         logging.warning("TORCH_NCCL_ASYNC_ERROR_HANDLING=%s: a rank whose partner died will not be "
                         "stopped by --dist_timeout_s. Unset it (or set 1 or 3) to make timeouts end "
@@ -326,6 +334,30 @@ def init_process_group(world, device, params=None):
                         "MASTER_ADDR is the node running rank 0 and is reachable from this node, and "
                         "that no rank failed before joining (see its output).") from None
     return build_domain_mesh(params, world, device)
+
+
+BACKENDS = ("nccl", "gloo")
+
+
+def choose_backend(device):
+    """The process group's backend: NCCL between GPUs, gloo between CPU processes, unless the environment's
+    ``DIST_BACKEND`` says otherwise.
+
+    ``DIST_BACKEND=gloo`` on GPUs lets several ranks share ONE GPU, which NCCL refuses: the GPU test stage
+    runs the distributed code on CUDA tensors that way, on a machine with a single GPU. gloo copies each
+    CUDA tensor to host memory and back for every collective, so it is for tests, not for speed; its
+    point-to-point messages take host memory only (the halo exchange of a domain mesh is refused).
+    """
+    asked = os.environ.get("DIST_BACKEND", "").strip().lower()
+    if not asked:
+        return "nccl" if device.type == "cuda" else "gloo"
+    if asked not in BACKENDS:
+        raise UserError(f"DIST_BACKEND={asked} is not a backend this code uses: set it to nccl or gloo, or unset "
+                        "it (NCCL between GPUs, gloo between CPU processes).")
+    if asked == "nccl" and device.type != "cuda":
+        raise UserError("DIST_BACKEND=nccl needs GPUs, and these ranks train on the CPU. Unset DIST_BACKEND "
+                        "(CPU processes use gloo), or train on GPUs with --device=cuda.")
+    return asked
 
 
 def first_line(error):

@@ -1,0 +1,131 @@
+"""A CUDA out-of-memory error in training or validation, ended in one paragraph: the batch, the memory, the fixes.
+
+torch's own message names bytes and allocator settings; what a user changes is the batch, the
+precision or the number of ranks a sample is split over. train.py wraps its step and its validation
+in :func:`guard_out_of_memory`, which turns ``torch.cuda.OutOfMemoryError`` into
+:class:`OutOfMemory`, a paragraph that says:
+
+- the batch: samples per rank, per micro-batch (``--grad_accum_steps``), the global batch, the
+  crop and the precision;
+- the memory: what the GPU has, and what PyTorch had allocated and reserved at the failure (read
+  from torch.cuda before the failed step's tensors are released);
+- the fixes: a smaller ``--local_batch_size``, more ``--grad_accum_steps`` (the same global batch
+  in smaller micro-batches), a domain mesh (each sample split over ranks), a lower precision.
+
+:class:`OutOfMemory` is a :class:`~utils.errors.RankError` (only the rank that ran out knows it; it
+prints its own paragraph and the run ends with status 2, the others when they lose it) and still a
+``torch.cuda.OutOfMemoryError``, so that :class:`utils.profiling.Profiling` dumps its memory snapshot
+on the way out; the paragraph, printed after that, names the snapshot it wrote. Nothing is written
+on the way: the last checkpoint, written whole at an epoch's end, stays as it was.
+"""
+import functools
+import os
+import re
+import time
+
+import torch
+
+from utils.errors import RankError
+
+GIB = 2**30
+
+
+class OutOfMemory(RankError, torch.cuda.OutOfMemoryError):
+    """Out of GPU memory, explained. The memory snapshot, when Profiling writes one after this error is
+    raised, is named when the paragraph is printed."""
+
+    def __init__(self, text, snapshot=None):
+        super().__init__(text)
+        self.text, self.snapshot, self.raised = text, snapshot, time.time()
+
+    def __str__(self):
+        written = (self.snapshot is not None and os.path.exists(self.snapshot)
+                   and os.path.getmtime(self.snapshot) >= self.raised - 1)
+        if written:
+            return (f"{self.text} The memory snapshot at the failure: {self.snapshot} (drag it onto "
+                    "https://pytorch.org/memory_viz to see which tensors held the memory).")
+        return f"{self.text} Rerun with --memory_snapshot to record which tensors held the memory."
+
+
+def memory_at_failure(device):
+    """What the GPU has and what PyTorch holds on it, in bytes: None off CUDA, or where the driver
+    cannot answer."""
+    if device.type != "cuda":
+        return None
+    try:
+        free, total = torch.cuda.mem_get_info(device)
+        return {"total": total, "free": free, "allocated": torch.cuda.memory_allocated(device),
+                "reserved": torch.cuda.memory_reserved(device), "peak": torch.cuda.max_memory_allocated(device)}
+    except RuntimeError:
+        return None
+
+
+def larger_divisor(number, than):
+    """The smallest divisor of ``number`` above ``than``, or None."""
+    return next((k for k in range(than + 1, number + 1) if number % k == 0), None)
+
+
+def guard_out_of_memory(function, where, params, world, device, run_dir):
+    """``function``, with a CUDA out-of-memory error in it (``where``: "a training step", ...) raised as
+    :class:`OutOfMemory`. One Python call more per step; no host synchronisation."""
+    @functools.wraps(function)
+    def guarded(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except OutOfMemory:
+            raise
+        except torch.cuda.OutOfMemoryError as error:
+            raise explain(error, where, params, world, device, run_dir) from error
+    return guarded
+
+
+def explain(error, where, params, world, device, run_dir):
+    """The :class:`OutOfMemory` paragraph for torch's ``error``, read while the failed step's tensors live."""
+    ranks_per_sample = params.domain_mesh[0] * params.domain_mesh[1] * params.domain_mesh[2]
+    data_parallel = max(world.size // ranks_per_sample, 1)
+    local = params.global_batch_size // data_parallel
+    steps = params.grad_accum_steps
+    micro = local // steps
+    asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", str(error))
+    text = (f"Rank {world.rank} ran out of GPU memory on {device} in {where}"
+            f"{' (tried to allocate ' + asked.group(1) + ')' if asked else ''}. The batch: {local} sample(s) per rank"
+            + (f" in {steps} micro-batches of {micro} (--grad_accum_steps={steps})" if steps > 1 else "")
+            + f", a global batch of {params.global_batch_size} over {data_parallel} data-parallel rank(s)"
+            + (f", each sample split over {ranks_per_sample} ranks (--domain_mesh={list(params.domain_mesh)})"
+               if ranks_per_sample > 1 else "")
+            + f", crops of {params.crop_size}^3, precision {precision_name(params.amp_mode)}. "
+            + describe_memory(memory_at_failure(device)) + " " + fixes(params, local, steps, micro)
+            + f" Nothing was written after the last checkpoint: the run directory {run_dir} keeps it, if the run "
+            "has one, as its last epoch left it.")
+    snapshot = os.path.join(run_dir, f"memory_snapshot_oom_rank{world.rank}.pickle")
+    return OutOfMemory(text, snapshot if params.memory_snapshot else None)
+
+
+def fixes(params, local, steps, micro):
+    """What lowers the memory of one forward and backward, each with the option to pass."""
+    found = []
+    if local > 1:
+        found.append(f"a smaller --local_batch_size (e.g. --local_batch_size={local // 2}; the global batch "
+                     "shrinks with it)")
+    more = larger_divisor(local, steps)
+    if micro > 1 and more is not None:
+        found.append(f"--grad_accum_steps={more}, which keeps the global batch and runs it in micro-batches of "
+                     f"{local // more}")
+    depth, height, width = params.domain_mesh
+    found.append(f"a domain mesh, --domain_mesh=[{2 * depth},{height},{width}] on twice the ranks, which splits "
+                 "each sample's activations over them")
+    if params.amp_mode == "none":
+        found.append("--amp_mode=bf16, which about halves the activations' memory of this fp32 run")
+    return "To fit, use " + "; or ".join(found) + "."
+
+
+def precision_name(amp_mode):
+    return "fp32 (--amp_mode=none)" if amp_mode == "none" else f"{amp_mode} autocast (--amp_mode={amp_mode})"
+
+
+def describe_memory(memory):
+    if memory is None:
+        return "PyTorch reports no GPU memory figures for this device."
+    return (f"The memory: the GPU has {memory['total'] / GIB:.1f} GiB, {memory['free'] / GIB:.1f} GiB of it free at "
+            f"the failure, when PyTorch had {memory['allocated'] / GIB:.1f} GiB allocated and "
+            f"{memory['reserved'] / GIB:.1f} GiB reserved (peak allocated: {memory['peak'] / GIB:.1f} GiB).")
