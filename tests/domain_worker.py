@@ -10,10 +10,13 @@ difference from the undivided computation (done on every rank, in the same proce
           float64: outputs, input gradients and weight gradients (summed over the domain group)
   unet    the small U-Net (base_channels 4) at 128^3 in float32: output and weight gradients,
           and the number of halo exchanges and bytes of one forward and of one backward pass
+  forms   as ``layers``, each layer in its exact form (utils/exact_forms.py) inside the halo exchange
+  unet_forms  as ``unet`` in float64, with every layer that has an exact form in it (--exact_forms=on)
 """
 import json
 import os
 import sys
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -23,7 +26,7 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 from networks.UNet import UNet  # noqa: E402
-from utils import distributed, halo  # noqa: E402
+from utils import distributed, exact_forms, halo  # noqa: E402
 from utils.YParams import YParams  # noqa: E402
 
 
@@ -49,7 +52,7 @@ def error(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
 
 
-def layers(mesh):
+def layers(mesh, exact=False):
     torch.manual_seed(0)
     side, results = 16, {}
     for transposed in (False, True):
@@ -63,11 +66,12 @@ def layers(mesh):
                      "weight_grad": layer.weight.grad.clone(), "bias_grad": layer.bias.grad.clone()}
         layer.zero_grad()
 
-        split = halo.HaloConv(layer, mesh)
+        split = halo.HaloConv(exact_forms.ExactConv(layer, exact_forms.exact_form(layer)) if exact else layer, mesh)
         part = block_of(whole.detach(), mesh, side).clone().requires_grad_(True)
         out = split(part)
         (out * block_of(weights, mesh, output.shape[-1])).sum().backward()
         name = "ConvTranspose3d" if transposed else "Conv3d"
+        results[f"{name} form"] = split.form.name
         results[name] = {
             "output": error(out, block_of(reference["output"], mesh, output.shape[-1])),
             "input_grad": error(part.grad, block_of(reference["input_grad"], mesh, side)),
@@ -105,11 +109,12 @@ def autocast_layers(mesh):
     return results
 
 
-def unet(mesh):
+def unet(mesh, exact=False):
     torch.manual_seed(0)
     side = 128
-    model = UNet(4, 5, base_channels=4, full_scale=True)
-    whole = torch.randn(1, 4, side, side, side)
+    dtype = torch.float64 if exact else torch.float32  # the forms' sums in another order: exact in float64
+    model = UNet(4, 5, base_channels=4, full_scale=True).to(dtype)
+    whole = torch.randn(1, 4, side, side, side, dtype=dtype)
     output = model(whole)
     weights = torch.randn_like(output)
     (output * weights).sum().backward()
@@ -118,6 +123,8 @@ def unet(mesh):
     del output
     model.zero_grad()
 
+    if exact:
+        exact_forms.use_exact_forms(model, types.SimpleNamespace(exact_forms="on"), torch.device("cpu"), mesh)
     halo.split_domain(model, mesh)
     # Collectives that could move whole volumes are counted while the block trains: there must be none.
     gathers = []
@@ -140,6 +147,7 @@ def unet(mesh):
         "forward": forward,
         "backward": backward,
         "halo_convs": sum(isinstance(m, halo.HaloConv) for m in model.modules()),
+        "forms": [m.form.name for m in model.modules() if isinstance(m, halo.HaloConv)],
         "gathers": gathers,
     }
 
@@ -178,7 +186,9 @@ def main():
     params = YParams(os.path.join(ROOT, "config", "UNet.yaml"), "test")
     params["domain_mesh"] = [int(n) for n in mesh_text.split(",")]
     mesh = distributed.init_process_group(world, torch.device("cpu"), params)
-    result = {"layers": layers, "autocast": autocast_layers, "unet": unet, "dtensor": dtensor}[scenario](mesh)
+    result = {"layers": layers, "autocast": autocast_layers, "unet": unet, "dtensor": dtensor,
+              "forms": lambda mesh: layers(mesh, exact=True),
+              "unet_forms": lambda mesh: unet(mesh, exact=True)}[scenario](mesh)
     with open(os.path.join(out_dir, f"{scenario}-{mesh_text}.rank{world.rank}.json"), "w") as f:
         json.dump(result, f)
     dist.barrier()
