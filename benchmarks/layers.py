@@ -128,8 +128,8 @@ def time_it(function, device, repeats):
     return (time.perf_counter() - start) / repeats
 
 
-def time_layer(module, shape, first, precision, device, memory_format, repeats, form=None):
-    """Seconds per forward + backward of a layer shaped as ``module``, computed in ``form`` (None: plain)."""
+def layer_call(module, shape, first, precision, device, memory_format, form=None):
+    """One forward + backward of a layer shaped as ``module``, computed in ``form`` (None: plain), as a function."""
     layer = type(module)(module.in_channels, module.out_channels, kernel_size=4, stride=2, padding=1)
     layer = layer.to(device, memory_format=memory_format)
     layer = layer if form is None else ExactConv(layer, form)
@@ -140,7 +140,17 @@ def time_layer(module, shape, first, precision, device, memory_format, repeats, 
             out = layer(x)
         out.backward(torch.ones_like(out))
 
-    return time_it(forward_backward, device, repeats)
+    return forward_backward
+
+
+def time_rounds(functions, device, repeats, rounds):
+    """Seconds per call of each function: the least of ``rounds`` means (:func:`time_it`), the rounds taking
+    the functions in turn, so that a busy spell of a shared machine weighs on each of them alike."""
+    best = [float("inf")] * len(functions)
+    for _ in range(rounds):
+        for index, function in enumerate(functions):
+            best[index] = min(best[index], time_it(function, device, repeats))
+    return best
 
 
 def time_step(params, device, batch, repeats):
@@ -156,16 +166,17 @@ def time_step(params, device, batch, repeats):
     return time_it(lambda: step(inputs, targets), device, repeats)
 
 
-def measure(params, device, repeats):
+def measure(params, device, repeats, rounds=1):
     batch = params.global_batch_size
     precision = Precision(params.amp_mode, device)
     memory_format = train.memory_format(params)
     rows = []
     for index, (name, module, shape, flops) in enumerate(layer_flops(params, batch)):
-        seconds = time_layer(module, shape, index == 0, precision, device, memory_format, repeats)
-        kind = "ConvTranspose3d" if isinstance(module, torch.nn.ConvTranspose3d) else "Conv3d"
         form = exact_form(module)
-        form_seconds = form and time_layer(module, shape, index == 0, precision, device, memory_format, repeats, form)
+        calls = [layer_call(module, shape, index == 0, precision, device, memory_format, each)
+                 for each in ([None] if form is None else [None, form])]
+        seconds, form_seconds = (time_rounds(calls, device, repeats, rounds) + [None])[:2]
+        kind = "ConvTranspose3d" if isinstance(module, torch.nn.ConvTranspose3d) else "Conv3d"
         rows.append({"layer": name, "kind": kind, "in_channels": module.in_channels,
                      "out_channels": module.out_channels, "input_side": shape[-1], "gflop": flops / 1e9,
                      "ms": 1e3 * seconds, "tflops": flops / seconds / 1e12,
@@ -178,11 +189,12 @@ def measure(params, device, repeats):
 
 def markdown(report):
     cpu = f", {report['cpu_model']}" if report.get("cpu_model") else ""
-    lines = [f"Measured by `{report['command']}` on {report['device']}{cpu} ({software_text(report)}), {report['date']}: "
-             f"batch {report['batch']}, crop "
-             f"{report['crop']}^3, {report['precision']}, --exact_forms={report['exact_forms']}. Each convolution "
-             "forward + backward alone, plain and, where it has one, in its exact form (utils/exact_forms.py); "
-             "share: of one whole training step.", "",
+    lines = [f"Measured by `{report['command']}` on {report['device']}{cpu} ({software_text(report)}), "
+             f"{report['date']}: batch {report['batch']}, crop {report['crop']}^3, {report['precision']}, "
+             f"--exact_forms={report['exact_forms']}. Each convolution forward + backward alone, plain and, where it has one, in its exact form (utils/exact_forms.py); "
+             f"ms: the mean of {report['repeats']} calls" + (f", the least of {report['rounds']} rounds taking "
+             "plain and exact form in turn" if report["rounds"] > 1 else "") + "; share: of one whole training step.",
+             "",
              "| layer | kind | channels | input side | GFLOP | ms | TFLOP/s | share of the step | exact form "
              "| its ms | plain / exact |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -209,6 +221,9 @@ def main(argv=None):
     parser = argument_parser(__doc__, PRESETS)
     add_output_options(parser, "benchmarks/results/layers", "layers")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per layer (default: the preset's)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time each layer (and its exact form, in turn) this many times and keep the least mean: "
+                             "for a machine shared with other work")
     parser.add_argument("--flops", action="store_true", help="print the FLOP table only: no timing, no GPU needed")
     args, options = parser.parse_known_args(argv)
     if args.flops:
@@ -228,7 +243,7 @@ def main(argv=None):
     claim_files([base + ".json", base + ".md"], args.overwrite, earlier="an earlier run on this device today")
 
     warnings = check_conv3d(device, params.amp_mode, params.tf32, params.channels_last)
-    rows, step_seconds = measure(params, device, args.repeats or PRESETS[args.preset]["repeats"])
+    rows, step_seconds = measure(params, device, args.repeats or PRESETS[args.preset]["repeats"], args.rounds)
     batch = params.global_batch_size
     flops, model_flops = sum(row["gflop"] for row in rows) * 1e9, unet_flops_per_sample(params) * batch
     if abs(flops - model_flops) > 1e-6 * model_flops:
@@ -238,6 +253,7 @@ def main(argv=None):
     report = {"device": name, **software(), "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
               "date": stamp.isoformat(timespec="seconds"), "batch": batch, "crop": params.crop_size,
               "precision": precision, "exact_forms": params.exact_forms,
+              "repeats": args.repeats or PRESETS[args.preset]["repeats"], "rounds": args.rounds,
               "cpu_model": None if device.type == "cuda" else cpu_model(),
               "conv3d_warnings": warnings, "peak_tflops": peak / 1e12 if peak else None,
               "command": "python -m benchmarks.layers " + " ".join(sys.argv[1:] if argv is None else argv),

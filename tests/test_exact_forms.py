@@ -151,10 +151,10 @@ def test_the_switch_on_off_and_auto_on_a_cpu(caplog):
              for mode, model in (("on", on), ("off", off), ("auto", auto))}
     assert forms == {"on": ["space-to-depth"] * 2 + ["sub-pixel"] * 5, "off": [], "auto": []}
     lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("Exact forms")]
-    assert lines == ["Exact forms: down.0.0 space-to-depth, down.1.0 space-to-depth, up.0.0 sub-pixel, up.1.0 sub-pixel, up.2.0 sub-pixel, "
-                     "up.3.0 sub-pixel, last sub-pixel (--exact_forms=on).",
-                     "Exact forms: down.0.0 plain, down.1.0 plain, up.0.0 plain, up.1.0 plain, up.2.0 plain, up.3.0 plain, last plain "
-                     "(auto: the plain layers on a CPU)."]
+    assert lines == ["Exact forms: down.0.0 space-to-depth, down.1.0 space-to-depth, up.0.0 sub-pixel, "
+                     "up.1.0 sub-pixel, up.2.0 sub-pixel, up.3.0 sub-pixel, last sub-pixel (--exact_forms=on).",
+                     "Exact forms: down.0.0 plain, down.1.0 plain, up.0.0 plain, up.1.0 plain, up.2.0 plain, "
+                     "up.3.0 plain, last plain (auto: the plain layers on a CPU)."]
     assert load_params(["--config=demo"]).exact_forms == "auto"  # the default, inherited from base
 
 
