@@ -242,8 +242,10 @@ def choose_forms(model, layers, params, device, mesh):
     On a GPU both forms of each layer are timed, forward and backward, at the run's shapes, precision
     and layout (as cuDNN's benchmark mode times its algorithms), and the faster kept. Rank 0's choice
     is broadcast, so that every rank computes the same arithmetic. On a CPU the layers stay plain, with
-    no timing (the test suite builds many small models): on the CPU measured, oneDNN's own kernels were
-    as fast or faster at the demo's sizes (benchmarks/results/layers/cpu-*-forms.md).
+    no timing: the test suite builds many small models, whose arithmetic and saved memory must not
+    depend on a timing. On the 2-core CPU measured, plain was the faster at crop 32, but not at crop 64,
+    where the first and last layers ran 5 times faster in their forms (--exact_forms=on there;
+    benchmarks/results/layers/cpu-vm-2-cores-2026-11-26-fp32*.md).
     """
     if device.type != "cuda":
         return [], "auto: the plain layers on a CPU"
