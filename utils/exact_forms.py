@@ -111,15 +111,18 @@ class SpaceToDepthConv:
         return [p - (side + 2 * p) % 2 for side, p in zip(x.shape[2:], padding)]
 
     @classmethod
+    def blocks(cls, x, padding):
+        """The convolution's input: ``x`` padded and folded, in ``x``'s layout."""
+        return space_to_depth(pad_each_axis(x, padding, cls.trimmed(x, padding))).contiguous(memory_format=layout(x))
+
+    @classmethod
     def forward(cls, x, weight, bias, padding):
-        blocks = space_to_depth(pad_each_axis(x, padding, cls.trimmed(x, padding)))
-        return F.conv3d(blocks.contiguous(memory_format=layout(x)), cls.weight(weight), bias)
+        return F.conv3d(cls.blocks(x, padding), cls.weight(weight), bias)
 
     @classmethod
     def backward(cls, grad_output, x, weight, padding, output_mask):
-        blocks = space_to_depth(pad_each_axis(x, padding, cls.trimmed(x, padding))).contiguous(memory_format=layout(x))
-        grad_blocks, grad_v, grad_bias = convolution_backward(grad_output, blocks, cls.weight(weight), 1, (0, 0, 0),
-                                                              False, output_mask)
+        grad_blocks, grad_v, grad_bias = convolution_backward(grad_output, cls.blocks(x, padding), cls.weight(weight),
+                                                              1, (0, 0, 0), False, output_mask)
         grad_x = None if grad_blocks is None else pad_each_axis(
             depth_to_space(grad_blocks), [-p for p in padding], [-p for p in cls.trimmed(x, padding)])
         grad_weight = None if grad_v is None else depth_to_space(grad_v).contiguous(memory_format=layout(weight))
@@ -186,7 +189,7 @@ class ExactConv(nn.Module):
     def __init__(self, conv, form):
         super().__init__()
         self.weight, self.bias = conv.weight, conv.bias
-        self.form, self.plain = form, plain_form(conv)
+        self.form = form
         self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
         self.transposed = isinstance(conv, nn.ConvTranspose3d)
 
