@@ -12,6 +12,7 @@ difference from the undivided computation (done on every rank, in the same proce
           and the number of halo exchanges and bytes of one forward and of one backward pass
   forms   as ``layers``, each layer in its exact form (utils/exact_forms.py) inside the halo exchange
   unet_forms  as ``unet`` in float64, with every layer that has an exact form in it (--exact_forms=on)
+  auto_choice  which layers --exact_forms=auto computes in their forms when the ranks' timings disagree
 """
 import json
 import os
@@ -152,6 +153,18 @@ def unet(mesh, exact=False):
     }
 
 
+def auto_choice(mesh):
+    """--exact_forms=auto on ranks whose own timings disagree (injected: rank 0 times the exact forms
+    faster, the others the plain layers): the layers each rank computes in their exact forms."""
+    model = UNet(4, 5, base_channels=4, full_scale=False)
+    layers = exact_forms.candidates(model)
+    exact_faster = dist.get_rank() == 0
+    exact_forms.input_shapes = lambda *args: {name: None for name, *_ in layers}
+    exact_forms.time_form = lambda layer, form, *args: 1.0 if (form.name == "plain") != exact_faster else 2.0
+    chosen, _ = exact_forms.choose_forms(model, layers, None, torch.device("cuda"), mesh)  # no GPU is touched
+    return {"chosen": chosen, "candidates": [name for name, *_ in layers]}
+
+
 def dtensor(mesh):
     """PyTorch's own sharded convolution (DTensor, input sharded along each spatial axis in turn): the
     difference of its result from the undivided convolution's, or the error it raises."""
@@ -188,7 +201,7 @@ def main():
     mesh = distributed.init_process_group(world, torch.device("cpu"), params)
     result = {"layers": layers, "autocast": autocast_layers, "unet": unet, "dtensor": dtensor,
               "forms": lambda mesh: layers(mesh, exact=True),
-              "unet_forms": lambda mesh: unet(mesh, exact=True)}[scenario](mesh)
+              "unet_forms": lambda mesh: unet(mesh, exact=True), "auto_choice": auto_choice}[scenario](mesh)
     with open(os.path.join(out_dir, f"{scenario}-{mesh_text}.rank{world.rank}.json"), "w") as f:
         json.dump(result, f)
     dist.barrier()

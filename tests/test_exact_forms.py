@@ -192,8 +192,9 @@ def test_the_timing_auto_uses_runs_at_the_run_shapes_on_a_cpu():
     shapes = exact_forms.input_shapes(model, params, torch.device("cpu"), None)
     assert shapes["down.0.0"] == (2, 4, 32, 32, 32) and shapes["last"] == (2, 8, 16, 16, 16)
     before = [p.clone() for p in model.parameters()]
-    assert exact_forms.time_form(model.last, SubPixelTransposedConv, shapes["last"], params, torch.device("cpu"),
-                                 repeats=1) > 0
+    for name, layer, form in (("last", model.last, SubPixelTransposedConv), ("down.0.0", model.down[0][0], None)):
+        assert exact_forms.time_form(layer, form or plain_form(layer), shapes[name], name == "last", params,
+                                     torch.device("cpu"), repeats=1) > 0
     assert all(p.grad is None for p in model.parameters())  # the model's gradients stay untouched
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
@@ -226,3 +227,9 @@ def test_the_unet_with_the_forms_on_blocks_equals_the_undivided_plain_one(tmp_pa
         assert result["output"] < 1e-12
         assert max(result["grads"].values()) < 1e-10, result["grads"]
         assert result["forward"]["exchanges"] == 12 and result["backward"]["exchanges"] == 11
+
+
+def test_every_rank_computes_with_rank_0_s_choice(tmp_path):
+    """Under DDP each rank times the forms itself, and the timings differ: rank 0's decide for all."""
+    results = run_ranks("auto_choice", [1, 1, 1], tmp_path)
+    assert [result["chosen"] for result in results] == [results[0]["candidates"]] * 2

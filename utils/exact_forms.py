@@ -22,6 +22,7 @@ is built: ``off``, ``on`` (every layer that has one), or ``auto``, whatever is f
 device (see :func:`choose_forms`), said in one log line. Under a domain mesh ``utils/halo.py``'s
 HaloConv computes its block's convolution with the layer's form, forward and backward.
 """
+import contextlib
 import logging
 import time
 
@@ -253,13 +254,14 @@ def choose_forms(model, layers, params, device, mesh):
     if device.type != "cuda":
         return [], "auto: the plain layers on a CPU"
     shapes = input_shapes(model, params, device, mesh)
-    times = {name: (time_form(layer, plain_form(layer), shapes[name], params, device),
-                    time_form(layer, form, shapes[name], params, device)) for name, _, _, layer, form in layers}
-    chosen = [name for name, (plain, exact) in times.items() if exact < plain]
-    if dist.is_available() and dist.is_initialized():
-        decision = [chosen]
+    first = next(name for name, module in model.named_modules() if isinstance(module, nn.Conv3d))
+    times = {name: tuple(time_form(layer, each, shapes[name], name != first, params, device)
+                         for each in (plain_form(layer), form)) for name, _, _, layer, form in layers}
+    if dist.is_available() and dist.is_initialized():  # every rank computes with rank 0's choice
+        decision = [times]
         dist.broadcast_object_list(decision, src=0)
-        chosen = decision[0]
+        times = decision[0]
+    chosen = [name for name, (plain, exact) in times.items() if exact < plain]
     timings = ", ".join(f"{name} {1e3 * plain:.2f} / {1e3 * exact:.2f}" for name, (plain, exact) in times.items())
     return chosen, f"auto: the faster of each, timed forward + backward on rank 0 in ms plain / exact: {timings}"
 
@@ -285,19 +287,20 @@ def input_shapes(model, params, device, mesh):
     return shapes
 
 
-def time_form(layer, form, shape, params, device, repeats=5):
+def time_form(layer, form, shape, input_grad, params, device, repeats=5):
     """Seconds per forward + backward of ``layer`` computed in ``form`` (a copy of its weights: the model's
-    gradients stay untouched), after two untimed calls (cuDNN picks its algorithms at the first)."""
+    gradients stay untouched), after two untimed calls (cuDNN picks its algorithms at the first).
+    ``input_grad``: whether the backward pass computes the input's gradient (all but the first layer)."""
     memory_format = torch.channels_last_3d if params.channels_last else torch.contiguous_format
     generator = torch.Generator(device).manual_seed(0)  # the run's random streams stay as they are
     x = torch.randn(shape, device=device, generator=generator).to(memory_format=memory_format)
-    x.requires_grad_(isinstance(layer, nn.ConvTranspose3d))  # the first layer's input needs no gradient
+    x.requires_grad_(input_grad)
     weight = layer.weight.detach().clone().requires_grad_(True)
     bias = None if layer.bias is None else layer.bias.detach().clone().requires_grad_(True)
-    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(params.amp_mode)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(params.amp_mode)  # the run's autocast, if any
 
     def forward_backward():
-        with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+        with torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext():
             output = form.forward(x, weight, bias, (1, 1, 1))
         output.backward(torch.ones_like(output))
 
