@@ -21,8 +21,8 @@ first, then height (with the depth halo included), then width fills the edges an
 :func:`split_domain` swaps each convolution of a model for a :class:`HaloConv` holding the same
 parameters under the same names (checkpoints do not change), computing in the layer's form (the
 plain convolution, or the exact form utils/exact_forms.py swapped in); with a mesh of one rank it
-returns the model untouched, so nothing here costs anything unless a mesh is set. ``networks/UNet.py`` stays
-the plain model.
+returns the model untouched, so nothing here costs anything unless a mesh is set.
+``networks/UNet.py`` stays the plain model.
 """
 import torch
 import torch.distributed as dist
