@@ -34,6 +34,7 @@ from utils.distributed import (DomainMesh, agree_to_stop, all_reduce_mean, check
 from utils.halo import split_domain
 from utils.errors import UserError, exit_on_user_error
 from utils.estimate import check_run_time
+from utils.exact_forms import use_exact_forms
 from utils.logging_utils import TensorBoard, config_logger, log_to_file
 from utils.losses import build_loss
 from utils.metrics import ValidationMetrics, format_metrics, power_spectrum_figure
@@ -145,11 +146,12 @@ def create_run_dir(run_dir, params, world, position):
 
 
 def build_model(params, device, mesh=None):
-    """The U-Net on ``device``; under a domain ``mesh`` its convolutions exchange halos (utils/halo.py)."""
+    """The U-Net on ``device``, its slow layers in the exact forms --exact_forms picks (utils/exact_forms.py);
+    under a domain ``mesh`` its convolutions exchange halos (utils/halo.py)."""
     model = UNet(params.N_in_channels, params.N_out_channels, params.base_channels, params.full_scale)
     logging.info("U-Net with %.1f M parameters", sum(p.numel() for p in model.parameters()) / 1e6)
-    model = model if mesh is None else split_domain(model, mesh)
-    return model.to(device, memory_format=memory_format(params))
+    model = use_exact_forms(model.to(device, memory_format=memory_format(params)), params, device, mesh)
+    return model if mesh is None else split_domain(model, mesh)
 
 
 def memory_format(params):

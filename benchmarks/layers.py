@@ -1,4 +1,5 @@
-"""The U-Net layer by layer: FLOPs, time and achieved TFLOP/s of every convolution, forward + backward.
+"""The U-Net layer by layer: FLOPs, time and achieved TFLOP/s of every convolution, forward + backward,
+and of each slow layer's exact form beside it.
 
     python -m benchmarks.layers                          # GPU: full-scale U-Net, batch 64, crop 64, bf16
     python -m benchmarks.layers --preset cpu             # CPU: the demo model, batch 8, crop 32, fp32
@@ -12,7 +13,11 @@ model's count (80.5 GFLOP per 64^3 sample at full scale), which the table checks
 layer: the time per batch, the TFLOP/s it achieves, and its share of a whole training step (the
 same batch through ``train.py``'s step, optimiser included, timed alone). On a GPU this shows
 where the model FLOP utilisation goes: the thin first and last layers (4 and 5 channels) use
-tensor cores poorly, and the deep layers see tiny spatial sizes.
+tensor cores poorly, and the deep layers see tiny spatial sizes. The layers that have an exact
+faster form (utils/exact_forms.py: the first convolution, every transposed convolution) are timed
+in it as well, on the same input: the two times side by side say which form pays on this device,
+as ``--exact_forms=auto`` decides for a training run. The whole step is timed as ``train.py`` builds
+it, with the forms ``--exact_forms`` picks.
 
 Results: ``benchmarks/results/layers/<device>-<date>-<precision>.json`` and ``.md`` (refused if
 they exist: ``--out_dir`` elsewhere, or ``--overwrite``).
@@ -31,6 +36,8 @@ from utils.YParams import load_params
 from utils.conv3d import check_conv3d, running_precision
 from utils.distributed import World
 from utils.errors import exit_on_user_error
+from utils.estimate import cpu_model
+from utils.exact_forms import ExactConv, exact_form
 from utils.flops import resolve_peak_flops, unet_flops_per_sample
 from utils.losses import build_loss
 from utils.optim import Precision, build_optimizer
@@ -121,9 +128,11 @@ def time_it(function, device, repeats):
     return (time.perf_counter() - start) / repeats
 
 
-def time_layer(module, shape, first, precision, device, memory_format, repeats):
+def layer_call(module, shape, first, precision, device, memory_format, form=None):
+    """One forward + backward of a layer shaped as ``module``, computed in ``form`` (None: plain), as a function."""
     layer = type(module)(module.in_channels, module.out_channels, kernel_size=4, stride=2, padding=1)
     layer = layer.to(device, memory_format=memory_format)
+    layer = layer if form is None else ExactConv(layer, form)
     x = torch.randn(shape, device=device).to(memory_format=memory_format).requires_grad_(not first)
 
     def forward_backward():
@@ -131,7 +140,17 @@ def time_layer(module, shape, first, precision, device, memory_format, repeats):
             out = layer(x)
         out.backward(torch.ones_like(out))
 
-    return time_it(forward_backward, device, repeats)
+    return forward_backward
+
+
+def time_rounds(functions, device, repeats, rounds):
+    """Seconds per call of each function: the least of ``rounds`` means (:func:`time_it`), the rounds taking
+    the functions in turn, so that a busy spell of a shared machine weighs on each of them alike."""
+    best = [float("inf")] * len(functions)
+    for _ in range(rounds):
+        for index, function in enumerate(functions):
+            best[index] = min(best[index], time_it(function, device, repeats))
+    return best
 
 
 def time_step(params, device, batch, repeats):
@@ -147,17 +166,21 @@ def time_step(params, device, batch, repeats):
     return time_it(lambda: step(inputs, targets), device, repeats)
 
 
-def measure(params, device, repeats):
+def measure(params, device, repeats, rounds=1):
     batch = params.global_batch_size
     precision = Precision(params.amp_mode, device)
     memory_format = train.memory_format(params)
     rows = []
     for index, (name, module, shape, flops) in enumerate(layer_flops(params, batch)):
-        seconds = time_layer(module, shape, index == 0, precision, device, memory_format, repeats)
+        form = exact_form(module)
+        calls = [layer_call(module, shape, index == 0, precision, device, memory_format, each)
+                 for each in ([None] if form is None else [None, form])]
+        seconds, form_seconds = (time_rounds(calls, device, repeats, rounds) + [None])[:2]
         kind = "ConvTranspose3d" if isinstance(module, torch.nn.ConvTranspose3d) else "Conv3d"
         rows.append({"layer": name, "kind": kind, "in_channels": module.in_channels,
                      "out_channels": module.out_channels, "input_side": shape[-1], "gflop": flops / 1e9,
-                     "ms": 1e3 * seconds, "tflops": flops / seconds / 1e12})
+                     "ms": 1e3 * seconds, "tflops": flops / seconds / 1e12,
+                     "exact_form": form and form.name, "exact_form_ms": form and 1e3 * form_seconds})
     step_seconds = time_step(params, device, batch, repeats)
     for row in rows:
         row["share_of_step"] = row["ms"] / 1e3 / step_seconds
@@ -165,21 +188,27 @@ def measure(params, device, repeats):
 
 
 def markdown(report):
-    lines = [f"Measured by `{report['command']}` on {report['device']} ({software_text(report)}), {report['date']}: "
-             f"batch {report['batch']}, crop "
-             f"{report['crop']}^3, {report['precision']}. Each convolution forward + backward alone; share: of "
-             "one whole training step.", "",
-             "| layer | kind | channels | input side | GFLOP | ms | TFLOP/s | share of the step |",
-             "|---|---|---|---|---|---|---|---|"]
+    cpu = f", {report['cpu_model']}" if report.get("cpu_model") else ""
+    lines = [f"Measured by `{report['command']}` on {report['device']}{cpu} ({software_text(report)}), "
+             f"{report['date']}: batch {report['batch']}, crop {report['crop']}^3, {report['precision']}, "
+             f"--exact_forms={report['exact_forms']}. Each convolution forward + backward alone, plain and, where it has one, in its exact form (utils/exact_forms.py); "
+             f"ms: the mean of {report['repeats']} calls" + (f", the least of {report['rounds']} rounds taking "
+             "plain and exact form in turn" if report["rounds"] > 1 else "") + "; share: of one whole training step.",
+             "",
+             "| layer | kind | channels | input side | GFLOP | ms | TFLOP/s | share of the step | exact form "
+             "| its ms | plain / exact |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["layers"]:
+        exact = (f"{row['exact_form']} | {row['exact_form_ms']:.2f} | {row['ms'] / row['exact_form_ms']:.2f}"
+                 if row.get("exact_form") else "| |")
         lines.append(f"| {row['layer']} | {row['kind']} | {row['in_channels']} -> {row['out_channels']} "
                      f"| {row['input_side']} | {row['gflop']:.2f} | {row['ms']:.2f} | {row['tflops']:.2f} "
-                     f"| {row['share_of_step']:.1%} |")
+                     f"| {row['share_of_step']:.1%} | {exact} |")
     total = report["total"]
     lines += [f"| all convolutions | | | | {total['gflop']:.2f} | {total['ms']:.2f} | {total['tflops']:.2f} "
-              f"| {total['share_of_step']:.1%} |",
+              f"| {total['share_of_step']:.1%} | | | |",
               f"| training step | | | | {total['model_gflop']:.2f} | {total['step_ms']:.2f} "
-              f"| {total['step_tflops']:.2f} | 100.0% |", "",
+              f"| {total['step_tflops']:.2f} | 100.0% | | | |", "",
               f"The layers' FLOPs add up to the model's: {total['gflop']:.3f} GFLOP = {total['model_gflop']:.3f} "
               f"GFLOP per batch ({total['model_gflop'] / report['batch']:.2f} GFLOP per sample)."
               + (f" Model FLOP utilisation of the step: {total['mfu']:.1%} of {report['peak_tflops']:g} TFLOP/s."
@@ -192,6 +221,9 @@ def main(argv=None):
     parser = argument_parser(__doc__, PRESETS)
     add_output_options(parser, "benchmarks/results/layers", "layers")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per layer (default: the preset's)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time each layer (and its exact form, in turn) this many times and keep the least mean: "
+                             "for a machine shared with other work")
     parser.add_argument("--flops", action="store_true", help="print the FLOP table only: no timing, no GPU needed")
     args, options = parser.parse_known_args(argv)
     if args.flops:
@@ -211,7 +243,7 @@ def main(argv=None):
     claim_files([base + ".json", base + ".md"], args.overwrite, earlier="an earlier run on this device today")
 
     warnings = check_conv3d(device, params.amp_mode, params.tf32, params.channels_last)
-    rows, step_seconds = measure(params, device, args.repeats or PRESETS[args.preset]["repeats"])
+    rows, step_seconds = measure(params, device, args.repeats or PRESETS[args.preset]["repeats"], args.rounds)
     batch = params.global_batch_size
     flops, model_flops = sum(row["gflop"] for row in rows) * 1e9, unet_flops_per_sample(params) * batch
     if abs(flops - model_flops) > 1e-6 * model_flops:
@@ -220,7 +252,10 @@ def main(argv=None):
     seconds = sum(row["ms"] for row in rows) / 1e3
     report = {"device": name, **software(), "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
               "date": stamp.isoformat(timespec="seconds"), "batch": batch, "crop": params.crop_size,
-              "precision": precision, "conv3d_warnings": warnings, "peak_tflops": peak / 1e12 if peak else None,
+              "precision": precision, "exact_forms": params.exact_forms,
+              "repeats": args.repeats or PRESETS[args.preset]["repeats"], "rounds": args.rounds,
+              "cpu_model": None if device.type == "cuda" else cpu_model(),
+              "conv3d_warnings": warnings, "peak_tflops": peak / 1e12 if peak else None,
               "command": "python -m benchmarks.layers " + " ".join(sys.argv[1:] if argv is None else argv),
               "layers": rows,
               "total": {"gflop": flops / 1e9, "ms": 1e3 * seconds, "tflops": flops / seconds / 1e12,

@@ -10,10 +10,14 @@ difference from the undivided computation (done on every rank, in the same proce
           float64: outputs, input gradients and weight gradients (summed over the domain group)
   unet    the small U-Net (base_channels 4) at 128^3 in float32: output and weight gradients,
           and the number of halo exchanges and bytes of one forward and of one backward pass
+  forms   as ``layers``, each layer in its exact form (utils/exact_forms.py) inside the halo exchange
+  unet_forms  as ``unet`` in float64, with every layer that has an exact form in it (--exact_forms=on)
+  auto_choice  which layers --exact_forms=auto computes in their forms when the ranks' timings disagree
 """
 import json
 import os
 import sys
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -23,7 +27,7 @@ import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 from networks.UNet import UNet  # noqa: E402
-from utils import distributed, halo  # noqa: E402
+from utils import distributed, exact_forms, halo  # noqa: E402
 from utils.YParams import YParams  # noqa: E402
 
 
@@ -49,7 +53,7 @@ def error(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
 
 
-def layers(mesh):
+def layers(mesh, exact=False):
     torch.manual_seed(0)
     side, results = 16, {}
     for transposed in (False, True):
@@ -63,11 +67,12 @@ def layers(mesh):
                      "weight_grad": layer.weight.grad.clone(), "bias_grad": layer.bias.grad.clone()}
         layer.zero_grad()
 
-        split = halo.HaloConv(layer, mesh)
+        split = halo.HaloConv(exact_forms.ExactConv(layer, exact_forms.exact_form(layer)) if exact else layer, mesh)
         part = block_of(whole.detach(), mesh, side).clone().requires_grad_(True)
         out = split(part)
         (out * block_of(weights, mesh, output.shape[-1])).sum().backward()
         name = "ConvTranspose3d" if transposed else "Conv3d"
+        results[f"{name} form"] = split.form.name
         results[name] = {
             "output": error(out, block_of(reference["output"], mesh, output.shape[-1])),
             "input_grad": error(part.grad, block_of(reference["input_grad"], mesh, side)),
@@ -105,11 +110,12 @@ def autocast_layers(mesh):
     return results
 
 
-def unet(mesh):
+def unet(mesh, exact=False):
     torch.manual_seed(0)
     side = 128
-    model = UNet(4, 5, base_channels=4, full_scale=True)
-    whole = torch.randn(1, 4, side, side, side)
+    dtype = torch.float64 if exact else torch.float32  # the forms' sums in another order: exact in float64
+    model = UNet(4, 5, base_channels=4, full_scale=True).to(dtype)
+    whole = torch.randn(1, 4, side, side, side, dtype=dtype)
     output = model(whole)
     weights = torch.randn_like(output)
     (output * weights).sum().backward()
@@ -118,6 +124,8 @@ def unet(mesh):
     del output
     model.zero_grad()
 
+    if exact:
+        exact_forms.use_exact_forms(model, types.SimpleNamespace(exact_forms="on"), torch.device("cpu"), mesh)
     halo.split_domain(model, mesh)
     # Collectives that could move whole volumes are counted while the block trains: there must be none.
     gathers = []
@@ -140,8 +148,21 @@ def unet(mesh):
         "forward": forward,
         "backward": backward,
         "halo_convs": sum(isinstance(m, halo.HaloConv) for m in model.modules()),
+        "forms": [m.form.name for m in model.modules() if isinstance(m, halo.HaloConv)],
         "gathers": gathers,
     }
+
+
+def auto_choice(mesh):
+    """--exact_forms=auto on ranks whose own timings disagree (injected: rank 0 times the exact forms
+    faster, the others the plain layers): the layers each rank computes in their exact forms."""
+    model = UNet(4, 5, base_channels=4, full_scale=False)
+    layers = exact_forms.candidates(model)
+    exact_faster = dist.get_rank() == 0
+    exact_forms.input_shapes = lambda *args: {name: None for name, *_ in layers}
+    exact_forms.time_form = lambda layer, form, *args: 1.0 if (form.name == "plain") != exact_faster else 2.0
+    chosen, _ = exact_forms.choose_forms(model, layers, None, torch.device("cuda"), mesh)  # no GPU is touched
+    return {"chosen": chosen, "candidates": [name for name, *_ in layers]}
 
 
 def dtensor(mesh):
@@ -178,7 +199,9 @@ def main():
     params = YParams(os.path.join(ROOT, "config", "UNet.yaml"), "test")
     params["domain_mesh"] = [int(n) for n in mesh_text.split(",")]
     mesh = distributed.init_process_group(world, torch.device("cpu"), params)
-    result = {"layers": layers, "autocast": autocast_layers, "unet": unet, "dtensor": dtensor}[scenario](mesh)
+    result = {"layers": layers, "autocast": autocast_layers, "unet": unet, "dtensor": dtensor,
+              "forms": lambda mesh: layers(mesh, exact=True),
+              "unet_forms": lambda mesh: unet(mesh, exact=True), "auto_choice": auto_choice}[scenario](mesh)
     with open(os.path.join(out_dir, f"{scenario}-{mesh_text}.rank{world.rank}.json"), "w") as f:
         json.dump(result, f)
     dist.barrier()

@@ -28,8 +28,17 @@ def test_cpu_preset_writes_the_table_and_refuses_to_overwrite_it(tmp_path, capsy
     assert len(report["layers"]) == 10 and report["batch"] == 8 and report["crop"] == 32
     assert sum(row["gflop"] for row in report["layers"]) == pytest.approx(report["total"]["model_gflop"])
     assert all(row["ms"] > 0 and row["tflops"] > 0 and 0 < row["share_of_step"] < 1 for row in report["layers"])
+    # The first layer and every transposed one are timed in their exact forms as well (utils/exact_forms.py).
+    forms = {row["layer"]: row["exact_form"] for row in report["layers"]}
+    assert forms == {"down 1": "space-to-depth", "down 2": None, "down 3": None, "down 4": None, "down 5": None,
+                     "up 4": "sub-pixel", "up 3": "sub-pixel", "up 2": "sub-pixel", "up 1": "sub-pixel",
+                     "last": "sub-pixel"}
+    assert all((row["exact_form_ms"] or 0) > 0 for row in report["layers"] if row["exact_form"])
+    assert report["exact_forms"] == "auto" and report["rounds"] == 1 and report["cpu_model"]
     output = capsys.readouterr().out
     assert "| last | ConvTranspose3d | 32 -> 5 | 16 |" in output and "The layers' FLOPs add up" in output
+    last = next(line for line in output.splitlines() if line.startswith("| last |"))
+    assert last.count("|") == 12 and "| sub-pixel |" in last
     assert path.with_suffix(".md").read_text() in output
     with pytest.raises(SystemExit):  # exit_on_user_error: the results of the first run are kept
         layers.main(["--preset", "cpu", "--out_dir", str(tmp_path), "--repeats", "1"])
@@ -51,3 +60,21 @@ def test_flop_table_shares_and_intensity(capsys):
     assert "| down 1 | 4 -> 64 | 64 -> 32 | 2.15 | 2.7% | 171 |" in output
     readme = tutorial_text(ROOT)  # README.md and its chapters in docs/
     assert all(line in readme for line in output.splitlines() if line.startswith("| "))
+
+
+def test_rounds_keep_each_function_s_least_mean(monkeypatch):
+    """--rounds: the functions timed in turn, each round a mean; the least mean of each is kept."""
+    import torch
+
+    durations = {"slow": iter([0.03] * 5 + [0.01] * 5), "fast": iter([0.002] * 10)}
+    clock = [0.0]
+
+    def call(name):
+        def function():
+            clock[0] += next(durations[name])
+        return function
+
+    monkeypatch.setattr(layers.time, "perf_counter", lambda: clock[0])
+    slow, fast = layers.time_rounds([call("slow"), call("fast")], torch.device("cpu"), repeats=3, rounds=2)
+    # Round 1: 2 untimed + 3 timed calls of each (slow: 0.03 each); round 2: slow's mean of 0.01 is kept.
+    assert slow == pytest.approx(0.01) and fast == pytest.approx(0.002)

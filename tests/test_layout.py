@@ -22,7 +22,8 @@ UTILS_IMPORTS = {
     "data_loader_dali": {"convert_h5_to_npy", "data_loader", "errors", "symmetry"},  # reads what the converter writes
     "data_loader_gpu": {"symmetry", "data_loader", "errors"},  # the native loaders' crop specification
     "distributed": {"errors"},
-    "halo": set(),  # receives the mesh from the caller
+    "halo": {"exact_forms"},  # receives the mesh from the caller; a block is convolved in its layer's form
+    "exact_forms": {"errors"},  # the switch's refusal; the timing's process group is torch.distributed's own
     "errors": set(),
     "files": set(),
     "estimate": {"errors", "flops", "optim", "YParams"},  # the run's FLOPs; the rate of its own step, in its precision; the demo's, for the refusal

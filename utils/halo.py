@@ -19,14 +19,17 @@ first, then height (with the depth halo included), then width fills the edges an
 2 x 2 mesh needs no diagonal messages.
 
 :func:`split_domain` swaps each convolution of a model for a :class:`HaloConv` holding the same
-parameters under the same names (checkpoints do not change); with a mesh of one rank it returns the
-model untouched, so nothing here costs anything unless a mesh is set. ``networks/UNet.py`` stays
-the plain model.
+parameters under the same names (checkpoints do not change), computing in the layer's form (the
+plain convolution, or the exact form utils/exact_forms.py swapped in); with a mesh of one rank it
+returns the model untouched, so nothing here costs anything unless a mesh is set.
+``networks/UNet.py`` stays the plain model.
 """
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from utils.exact_forms import ExactConv, plain_form
 
 HALO = 1  # voxels beyond each face that a kernel-4, stride-2, padding-1 convolution reads
 
@@ -83,7 +86,9 @@ class HaloConvFunction(torch.autograd.Function):
     the previous layer's activation saves anyway, so a rank holds about 1/N of the undivided activations
     (a padded copy kept for backward would double them). Backward: rebuild the padded block, the
     convolution's gradients, then the halo gradients sent back to the neighbours, axes in reverse order.
-    Under autocast the convolution runs in the autocast dtype, in both directions.
+    Under autocast the convolution runs in the autocast dtype, in both directions. The backward pass
+    is the form's own (``form.backward``: the plain layer's is ``aten.convolution_backward``, an exact
+    form's rearranges the gradients around its own convolution's), so the halo stays exact in either form.
     """
 
     @staticmethod
@@ -105,10 +110,9 @@ class HaloConvFunction(torch.autograd.Function):
         padded = x
         for index, axis in enumerate(layer.split_axes):
             padded = torch.cat([halos[2 * index], padded, halos[2 * index + 1]], 2 + axis)
-        grad_padded, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
-            layer.uncropped(grad_output).to(ctx.dtype), padded.to(ctx.dtype), weight.to(ctx.dtype),
-            [weight.shape[1 if layer.transposed else 0]], [2, 2, 2], list(layer.padding), [1, 1, 1],
-            layer.transposed, [0, 0, 0], 1, [ctx.needs_input_grad[0], True, ctx.has_bias])
+        grad_padded, grad_weight, grad_bias = layer.form.backward(
+            layer.uncropped(grad_output).to(ctx.dtype), padded.to(ctx.dtype), weight.to(ctx.dtype), layer.padding,
+            [ctx.needs_input_grad[0], True, ctx.has_bias])
         grad_x = None
         if ctx.needs_input_grad[0]:  # the U-Net's input needs none: its halos need not travel back
             grad_x = grad_padded.to(x.dtype)
@@ -131,10 +135,12 @@ class HaloConv(nn.Module):
 
     def __init__(self, conv, mesh):
         super().__init__()
-        if conv.kernel_size != (4, 4, 4) or conv.stride != (2, 2, 2) or conv.padding != (1, 1, 1):
+        shape = None if isinstance(conv, ExactConv) else (conv.kernel_size, conv.stride, conv.padding)
+        if shape not in (None, ((4, 4, 4), (2, 2, 2), (1, 1, 1))):  # an ExactConv exists for such layers only
             raise ValueError(f"HaloConv supports kernel 4, stride 2, padding 1, not {conv}")
         self.weight, self.bias = conv.weight, conv.bias
-        self.transposed = isinstance(conv, nn.ConvTranspose3d)
+        self.transposed = conv.transposed if isinstance(conv, ExactConv) else isinstance(conv, nn.ConvTranspose3d)
+        self.form = conv.form if isinstance(conv, ExactConv) else plain_form(conv)  # how the block is convolved
         self.mesh = mesh
         self.split_axes = tuple(axis for axis, parts in enumerate(mesh.shape) if parts > 1)
         self.padding = (1, 1, 1) if self.transposed else tuple(0 if parts > 1 else 1 for parts in mesh.shape)
@@ -144,9 +150,9 @@ class HaloConv(nn.Module):
 
     def convolve(self, padded, weight, bias):
         """The layer's convolution of a block padded with its halos."""
+        output = self.form.forward(padded, weight, bias, self.padding)
         if not self.transposed:
-            return F.conv3d(padded, weight, bias, stride=2, padding=self.padding)
-        output = F.conv_transpose3d(padded, weight, bias, stride=2, padding=self.padding)
+            return output
         for axis in self.split_axes:
             output = output.narrow(2 + axis, 2 * HALO, output.size(2 + axis) - 4 * HALO)
         # A copy, not a view: the ReLU after it works in place, and the uncropped output can be freed.
@@ -163,7 +169,8 @@ class HaloConv(nn.Module):
 
     def extra_repr(self):
         kind = "ConvTranspose3d" if self.transposed else "Conv3d"
-        return f"{kind}, weight {tuple(self.weight.shape)}, halo along mesh {list(self.mesh.shape)}"
+        return (f"{kind}, weight {tuple(self.weight.shape)}, {self.form.name} form, halo along mesh "
+                f"{list(self.mesh.shape)}")
 
 
 def split_domain(model, mesh):
@@ -173,6 +180,6 @@ def split_domain(model, mesh):
         return model
     for module in list(model.modules()):
         for name, child in module.named_children():
-            if isinstance(child, (nn.Conv3d, nn.ConvTranspose3d)):
+            if isinstance(child, (nn.Conv3d, nn.ConvTranspose3d, ExactConv)):
                 setattr(module, name, HaloConv(child, mesh))
     return model

@@ -1,0 +1,235 @@
+"""utils/exact_forms.py: each exact form equals the layer it replaces, alone, in the U-Net, inside the halo
+exchange and across checkpoints; and the --exact_forms switch."""
+import logging
+import types
+
+import pytest
+import torch
+from torch import nn
+
+import train
+from conftest import needs_cuda
+from networks.UNet import UNet
+from test_halo import run_ranks
+from utils import exact_forms
+from utils.checkpoint import load_checkpoint, save_checkpoint
+from utils.errors import UserError
+from utils.exact_forms import (ExactConv, SpaceToDepthConv, SubPixelTransposedConv, depth_to_space, exact_form,
+                               plain_form, space_to_depth, use_exact_forms)
+from utils.optim import Precision, build_optimizer
+from utils.YParams import load_params
+
+
+def assert_same(got, expected):
+    assert got.shape == expected.shape
+    assert torch.allclose(got, expected, rtol=1e-10, atol=1e-12), (got - expected).abs().max().item()
+
+
+def gradients(output, tensors, weights):
+    """The gradients of ``sum(output * weights)``: every output voxel weighted differently."""
+    return torch.autograd.grad((output * weights).sum(), tensors)
+
+
+def compare_layer(kind, in_channels, out_channels, sides, padding=(1, 1, 1), batch=2):
+    """The layer alone, plain and in its exact form (autograd through the form's forward, and the form's own
+    backward as the halo exchange calls it), in float64: output, input, weight and bias gradients."""
+    torch.manual_seed(0)
+    layer = kind(in_channels, out_channels, kernel_size=4, stride=2, padding=1).double()
+    form = SubPixelTransposedConv if kind is nn.ConvTranspose3d else SpaceToDepthConv  # exact at any width
+    x = torch.randn(batch, in_channels, *sides, dtype=torch.float64, requires_grad=True)
+    expected = plain_form(layer).forward(x, layer.weight, layer.bias, padding)
+    weights = torch.randn_like(expected)
+    expected_grads = gradients(expected, (x, layer.weight, layer.bias), weights)
+
+    output = form.forward(x, layer.weight, layer.bias, padding)
+    assert_same(output, expected)
+    for got, want in zip(gradients(output, (x, layer.weight, layer.bias), weights), expected_grads):
+        assert_same(got, want)
+    explicit = form.backward(weights, x.detach(), layer.weight.detach(), padding, [True, True, True])
+    for got, want in zip(explicit, expected_grads):
+        assert_same(got, want)
+
+
+# (in, out channels, input sides): the last layer's 5 outputs (32 -> 5 in the demo, 128 -> 5 at full width),
+# a decoder layer's, odd channel counts, odd and unequal sides, and the deepest layers' 1^3 and 2^3.
+TRANSPOSED = [(32, 5, (8, 8, 8)), (12, 5, (5, 3, 7)), (16, 8, (4, 4, 4)), (7, 3, (1, 1, 1)), (6, 6, (2, 3, 2)),
+              (3, 1, (9, 6, 5))]
+
+
+@pytest.mark.parametrize("in_channels, out_channels, sides", TRANSPOSED)
+def test_sub_pixel_form_equals_the_transposed_convolution(in_channels, out_channels, sides):
+    compare_layer(nn.ConvTranspose3d, in_channels, out_channels, sides)
+
+
+# The first layer's 4 input channels (16 and 64 outputs, as in the demo and at full width), other narrow
+# inputs, odd sides (the stride-2 convolution ignores the last voxel; so must the form) and the padding
+# 0 that a split axis of the halo exchange uses.
+FIRST = [(4, 16, (8, 8, 8), (1, 1, 1)), (4, 64, (4, 6, 8), (1, 1, 1)), (4, 5, (7, 5, 9), (1, 1, 1)),
+         (1, 3, (2, 2, 2), (1, 1, 1)), (8, 5, (10, 8, 6), (0, 1, 1)), (3, 5, (6, 7, 8), (1, 0, 0))]
+
+
+@pytest.mark.parametrize("in_channels, out_channels, sides, padding", FIRST)
+def test_space_to_depth_form_equals_the_first_convolution(in_channels, out_channels, sides, padding):
+    compare_layer(nn.Conv3d, in_channels, out_channels, sides, padding)
+
+
+def test_space_to_depth_and_back():
+    """Voxel (2i + a, 2j + b, 2k + c) of channel m is voxel (i, j, k) of channel 8m + 4a + 2b + c."""
+    x = torch.randn(2, 3, 4, 6, 8)
+    folded = space_to_depth(x)
+    assert folded.shape == (2, 24, 2, 3, 4)
+    assert folded[1, 8 * 2 + 4 * 1 + 2 * 0 + 1, 1, 2, 3] == x[1, 2, 2 * 1 + 1, 2 * 2 + 0, 2 * 3 + 1]
+    assert torch.equal(depth_to_space(folded), x)
+
+
+def test_the_first_and_the_transposed_layers_have_a_form():
+    """The transposed convolutions, and the convolutions whose input channels are not a multiple of 8: the
+    first layer's 4 (and, at base_channels 4 as here, the second layer's)."""
+    model = UNet(4, 5, base_channels=4, full_scale=False)
+    forms = {name: exact_form(module) for name, module in model.named_modules()
+             if isinstance(module, (nn.Conv3d, nn.ConvTranspose3d))}
+    assert forms == {"down.0.0": SpaceToDepthConv, "down.1.0": SpaceToDepthConv, "down.2.0": None, "down.3.0": None,
+                     "down.4.0": None, "up.0.0": SubPixelTransposedConv, "up.1.0": SubPixelTransposedConv,
+                     "up.2.0": SubPixelTransposedConv, "up.3.0": SubPixelTransposedConv,
+                     "last": SubPixelTransposedConv}
+    assert exact_form(nn.Conv3d(4, 8, kernel_size=3, padding=1)) is None
+    with pytest.raises(ValueError, match="padding 1"):
+        SubPixelTransposedConv.forward(torch.zeros(1, 2, 2, 2, 2), torch.zeros(2, 2, 4, 4, 4), None, (0, 1, 1))
+
+
+def forms_switch(mode):
+    return types.SimpleNamespace(exact_forms=mode)
+
+
+def test_the_unet_with_the_forms_on_equals_it_with_them_off():
+    """The whole U-Net in float64: outputs and every parameter's gradient; the same parameters by name."""
+    torch.manual_seed(0)
+    plain = UNet(4, 5, base_channels=4, full_scale=False).double()
+    exact = UNet(4, 5, base_channels=4, full_scale=False).double()
+    exact.load_state_dict(plain.state_dict())
+    use_exact_forms(exact, forms_switch("on"), torch.device("cpu"))
+    assert sum(isinstance(module, ExactConv) for module in exact.modules()) == 7  # 2 down, 4 up, last
+    assert [(name, p.shape) for name, p in exact.named_parameters()] == \
+           [(name, p.shape) for name, p in plain.named_parameters()]
+
+    x = torch.randn(2, 4, 32, 32, 32, dtype=torch.float64)
+    expected, output = plain(x), exact(x)
+    assert_same(output, expected)
+    weights = torch.randn_like(expected)
+    for got, want in zip(gradients(output, list(exact.parameters()), weights),
+                         gradients(expected, list(plain.parameters()), weights)):
+        assert_same(got, want)
+
+
+def built(mode, **options):
+    params = load_params(["--config=test", f"--exact_forms={mode}", *[f"--{k}={v}" for k, v in options.items()]])
+    torch.manual_seed(0)
+    return train.build_model(params, torch.device("cpu")), params
+
+
+@pytest.mark.parametrize("saved, loaded", [("on", "off"), ("off", "on")])
+def test_a_checkpoint_made_with_the_forms_loads_without_them_and_the_other_way_round(saved, loaded, tmp_path):
+    model, params = built(saved)
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, model, build_optimizer(params, model), Precision("none", torch.device("cpu")).scaler,
+                    {"epoch": 1, "step": 4, "batch_in_epoch": 0}, params)
+    other, other_params = built(loaded, seed=1)  # other initial weights, which the checkpoint replaces
+    assert {k: v.shape for k, v in other.state_dict().items()} == {k: v.shape for k, v in model.state_dict().items()}
+    assert load_checkpoint(path, other, build_optimizer(other_params, other),
+                           Precision("none", torch.device("cpu")).scaler)["step"] == 4
+    x = torch.randn(2, 4, 32, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(other(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_the_switch_on_off_and_auto_on_a_cpu(caplog):
+    with caplog.at_level(logging.INFO):
+        on, _ = built("on")
+        off, _ = built("off")
+        auto, _ = built("auto")
+    forms = {mode: [m.form.name for m in model.modules() if isinstance(m, ExactConv)]
+             for mode, model in (("on", on), ("off", off), ("auto", auto))}
+    assert forms == {"on": ["space-to-depth"] * 2 + ["sub-pixel"] * 5, "off": [], "auto": []}
+    lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("Exact forms")]
+    assert lines == ["Exact forms: down.0.0 space-to-depth, down.1.0 space-to-depth, up.0.0 sub-pixel, "
+                     "up.1.0 sub-pixel, up.2.0 sub-pixel, up.3.0 sub-pixel, last sub-pixel (--exact_forms=on).",
+                     "Exact forms: down.0.0 plain, down.1.0 plain, up.0.0 plain, up.1.0 plain, up.2.0 plain, "
+                     "up.3.0 plain, last plain (auto: the plain layers on a CPU)."]
+    assert load_params(["--config=demo"]).exact_forms == "auto"  # the default, inherited from base
+
+
+def test_an_invalid_switch_is_refused_with_one_paragraph():
+    with pytest.raises(UserError) as refused:
+        built("fast")
+    message = str(refused.value)
+    assert message.startswith("--exact_forms=fast is not a valid choice: use auto")
+    assert "on (every layer" in message and "off (the layers as networks/UNet.py defines them)" in message
+    assert "\n" not in message
+
+
+def test_auto_on_a_gpu_keeps_the_faster_form_of_each_layer(monkeypatch):
+    """The decision, with the timings injected (no GPU here): the exact form where it took less time."""
+    model = UNet(4, 5, base_channels=4, full_scale=False)
+    layers = exact_forms.candidates(model)
+    seconds = {("down.0.0", "plain"): 2.0, ("down.0.0", "space-to-depth"): 1.0, ("last", "plain"): 3.0,
+               ("last", "sub-pixel"): 1.5}
+    names = {id(module): name for name, *_, module, _ in layers}
+    monkeypatch.setattr(exact_forms, "input_shapes", lambda *args: {name: None for name, *_ in layers})
+    monkeypatch.setattr(exact_forms, "time_form", lambda layer, form, *args: seconds.get(
+        (names[id(layer)], form.name), 2.0 if form.name == "sub-pixel" else 1.0))
+    chosen, why = exact_forms.choose_forms(model, layers, None, torch.device("cuda"), None)
+    assert chosen == ["down.0.0", "last"]  # down.1.0's tie keeps the plain layer
+    assert why == ("auto: the faster of each, timed forward + backward on rank 0 in ms plain / exact: "
+                   "down.0.0 2000.00 / 1000.00, down.1.0 1000.00 / 1000.00, up.0.0 1000.00 / 2000.00, "
+                   "up.1.0 1000.00 / 2000.00, up.2.0 1000.00 / 2000.00, up.3.0 1000.00 / 2000.00, "
+                   "last 3000.00 / 1500.00")
+
+
+def test_the_timing_auto_uses_runs_at_the_run_shapes_on_a_cpu():
+    """input_shapes and time_form, the pieces auto uses on a GPU, run on any device."""
+    params = load_params(["--config=test", "--global_batch_size=4", "--grad_accum_steps=2"])
+    model = UNet(4, 5, base_channels=4, full_scale=False)
+    shapes = exact_forms.input_shapes(model, params, torch.device("cpu"), None)
+    assert shapes["down.0.0"] == (2, 4, 32, 32, 32) and shapes["last"] == (2, 8, 16, 16, 16)
+    before = [p.clone() for p in model.parameters()]
+    for name, layer, form in (("last", model.last, SubPixelTransposedConv), ("down.0.0", model.down[0][0], None)):
+        assert exact_forms.time_form(layer, form or plain_form(layer), shapes[name], name == "last", params,
+                                     torch.device("cpu"), repeats=1) > 0
+    assert all(p.grad is None for p in model.parameters())  # the model's gradients stay untouched
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+@needs_cuda()
+def test_auto_on_the_gpu_decides_and_says_so(caplog):
+    params = load_params(["--config=demo", "--device=cuda", "--amp_mode=bf16"])
+    with caplog.at_level(logging.INFO):
+        model = train.build_model(params, torch.device("cuda"))
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Exact forms")]
+    assert "timed forward + backward" in line
+    x = torch.randn(2, 4, 32, 32, 32, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        model(x).float().sum().backward()
+
+
+@pytest.mark.parametrize("mesh", [[2, 1, 1], [1, 1, 2]], ids=["depth", "width"])
+def test_the_forms_inside_the_halo_exchange_equal_the_undivided_layers_in_float64(mesh, tmp_path):
+    for result in run_ranks("forms", mesh, tmp_path):
+        assert result["Conv3d form"] == "space-to-depth" and result["ConvTranspose3d form"] == "sub-pixel"
+        for layer in ("Conv3d", "ConvTranspose3d"):
+            for quantity, difference in result[layer].items():
+                assert difference < 1e-12, (mesh, layer, quantity, difference)
+
+
+def test_the_unet_with_the_forms_on_blocks_equals_the_undivided_plain_one(tmp_path):
+    """As tests/test_halo.py's U-Net test, with --exact_forms=on, in float64: outputs and summed weight gradients."""
+    for result in run_ranks("unet_forms", [2, 1, 1], tmp_path):
+        assert result["forms"] == ["space-to-depth"] * 2 + ["plain"] * 4 + ["sub-pixel"] * 6
+        assert result["output"] < 1e-12
+        assert max(result["grads"].values()) < 1e-10, result["grads"]
+        assert result["forward"]["exchanges"] == 12 and result["backward"]["exchanges"] == 11
+
+
+def test_every_rank_computes_with_rank_0_s_choice(tmp_path):
+    """Under DDP each rank times the forms itself, and the timings differ: rank 0's decide for all."""
+    results = run_ranks("auto_choice", [1, 1, 1], tmp_path)
+    assert [result["chosen"] for result in results] == [results[0]["candidates"]] * 2
