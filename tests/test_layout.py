@@ -4,6 +4,7 @@ main stays one screenful."""
 import ast
 import glob
 import os
+import re
 
 from conftest import ROOT
 
@@ -68,6 +69,61 @@ def test_utils_modules_import_each_other_only_along_the_listed_edges():
     for name, allowed in UTILS_IMPORTS.items():
         imported = utils_imports(os.path.join(ROOT, "utils", f"{name}.py")) - {name}
         assert imported <= allowed, f"utils/{name}.py imports {sorted(imported - allowed)} sideways"
+
+
+def test_utils_imports_point_downward():
+    """The listed edges have no circle: each module imports only modules below it."""
+    placed, left = set(), dict(UTILS_IMPORTS)
+    while left:
+        ready = {name for name, imports in left.items() if imports - {name} <= placed}
+        assert ready, f"the edges of {sorted(left)} go round in a circle"
+        placed |= ready
+        left = {name: imports for name, imports in left.items() if name not in ready}
+
+
+def docstring_map():
+    """``{module: concern}`` from utils/__init__.py's docstring: an indented ``module   what it does`` line
+    under its concern's heading, and how often each module is named."""
+    concern, found = None, []
+    for line in ast.get_docstring(ast.parse(open(os.path.join(ROOT, "utils", "__init__.py")).read())).splitlines():
+        entry = re.match(r"    (\w+)  +\S", line)
+        if entry:
+            found.append((entry.group(1), concern))
+        elif line and not line.startswith(" "):
+            concern = line.lower()
+    return found
+
+
+def docs_map():
+    """``{module: concern}`` from the utils/ table of docs/02-single-device.md's code overview: one row per
+    module, the concern in the first row of its group."""
+    text = open(os.path.join(ROOT, "docs", "02-single-device.md")).read()
+    overview = text.split("## Model, data and code overview")[1].split("\n#")[0]
+    concern, found = None, []
+    for cell, module in re.findall(r"^\| *([^|]*?) *\| \[`utils/(\w+)\.py`\]\(\.\./utils/\2\.py\) \|", overview, re.M):
+        concern = cell.lower() or concern
+        found.append((module, concern))
+    return found
+
+
+def test_the_map_of_utils_names_every_module_once_in_the_docstring_and_the_docs():
+    """A module added to utils/ goes into both maps, under the same concern; a map names no module that
+    does not exist."""
+    modules = {os.path.basename(path)[:-3] for path in glob.glob(os.path.join(ROOT, "utils", "*.py"))} - {"__init__"}
+    problems = []
+    for where, found, line in (
+            ("utils/__init__.py's docstring", docstring_map(), "    {m:<21}what it does"),
+            ("docs/02-single-device.md's code overview", docs_map(),
+             "|  | [`utils/{m}.py`](../utils/{m}.py) | what it does |")):
+        named = [module for module, _ in found]
+        problems += [f"{where} maps no utils/{m}.py: add the line {line.format(m=m)!r} under its concern"
+                     for m in sorted(modules - set(named))]
+        problems += [f"{where} maps {m}, which is not in utils/: remove it" for m in sorted(set(named) - modules)]
+        problems += [f"{where} names {m} twice" for m in sorted({m for m in named if named.count(m) > 1})]
+    in_docstring, in_docs = dict(docstring_map()), dict(docs_map())
+    problems += [f"{m} is under {in_docstring[m]!r} in the docstring but {in_docs[m]!r} in the docs"
+                 for m in sorted(set(in_docstring) & set(in_docs)) if in_docstring[m] != in_docs[m]]
+    assert not problems, "\n".join(problems)
 
 
 def test_train_py_main_is_one_screenful():
