@@ -6,7 +6,7 @@ import glob
 import os
 import re
 
-from conftest import ROOT
+from conftest import ROOT, timeout_for
 
 # Each module of utils/ and the modules of utils/ it may import. A new edge is a design decision:
 # add it here with the reason, or pass the value in from the caller instead.
@@ -143,7 +143,7 @@ def test_library_modules_answer_help_with_what_they_are():
 
     for module in ("utils.tensorboard_launch", "benchmarks.trials"):
         result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=120)
+                                timeout=timeout_for(120))
         assert result.returncode == 0 and f"{module} has no command line of its own" in result.stdout, module
         assert len(result.stdout.splitlines()) > 3  # the module's docstring first
 
@@ -158,3 +158,34 @@ def test_the_tests_shared_helpers_are_defined_once_in_conftest():
     again = {os.path.basename(path): sorted(functions(path) & shared)
              for path in glob.glob(os.path.join(ROOT, "tests", "*.py")) if not path.endswith("conftest.py")}
     assert {name: helpers for name, helpers in again.items() if helpers} == {}
+
+
+# Timeouts in the tests that are not limits on a hang but what the test checks: they stay as numbers.
+LIMITS_UNDER_TEST = {
+    ("test_benchmark_profiles.py", "test_nsys_is_probed_once_before_the_rungs"): "probe_nsys's own timeout",
+    ("test_benchmark_profiles.py", "test_nsys_and_its_importer_together_end_within_the_limit"): "try_nsys's own timeout",
+    ("test_preflight.py", "test_a_run_past_its_limit_ends_with_all_its_children"): "common.run's own timeout",
+    ("test_signals.py", "test_ctrl_c_during_set_up_prints_one_line_and_writes_nothing"): "ends before the 30-s step",
+}
+
+
+def test_the_tests_wait_for_hangs_not_for_slowness():
+    """A timeout in a test is a number only where the test checks that limit; every other one is
+    conftest.timeout_for(seconds on an idle machine), so that a loaded machine makes the suite slower, not red."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "*.py"))):
+        tree = ast.parse(open(path).read())
+        for function in [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)]:
+            arguments = function.args
+            defaults = [(arg.arg, value) for arg, value in
+                        zip(arguments.args[len(arguments.args) - len(arguments.defaults):], arguments.defaults)]
+            defaults += [(arg.arg, value) for arg, value in zip(arguments.kwonlyargs, arguments.kw_defaults) if value]
+            keywords = [(node.arg, node.value) for node in ast.walk(function) if isinstance(node, ast.keyword)]
+            for name, value in defaults + keywords:
+                if name == "timeout" and isinstance(value, ast.Constant):
+                    found.append((os.path.basename(path), function.name, value.lineno, value.value))
+    numbers = [(*where, line, seconds) for *where, line, seconds in found if tuple(where) not in LIMITS_UNDER_TEST]
+    assert not numbers, "\n".join(f"tests/{name}:{line} ({function}) waits timeout={seconds}: write "
+                                   f"timeout=timeout_for({seconds}) (from conftest), or list it in LIMITS_UNDER_TEST"
+                                   for name, function, line, seconds in numbers)
+    assert {tuple(where) for *where, _, _ in found} == set(LIMITS_UNDER_TEST)  # no stale entry
