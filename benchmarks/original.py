@@ -146,11 +146,14 @@ def original_command(checkout, config_path, flags, run_num, epochs):
 
 
 def original_env(environ=None):
-    """The environment of the original's runs: the apex stand-in on PYTHONPATH (and nothing of this project,
-    whose ``utils`` package would shadow the original's), no launcher's rank variables (one process, one GPU)."""
+    """The environment of the original's runs: the apex stand-in first on PYTHONPATH, the folders already there
+    kept (where ruamel.yaml or DALI may be installed) but this project's own, whose ``utils`` must not stand in
+    for the original's; no launcher's rank variables (one process, one GPU)."""
     environ = os.environ if environ is None else environ
     ranks = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    return {**{k: v for k, v in environ.items() if k not in ranks}, "PYTHONPATH": STANDINS}
+    kept = [folder for folder in environ.get("PYTHONPATH", "").split(os.pathsep)
+            if folder and os.path.realpath(folder) != os.path.realpath(ROOT)]
+    return {**{k: v for k, v in environ.items() if k not in ranks}, "PYTHONPATH": os.pathsep.join([STANDINS, *kept])}
 
 
 def original_runs(dali):
@@ -273,6 +276,8 @@ def main(argv=None):
     parser.add_argument("--ntrials", type=int, default=2)
     parser.add_argument("--nwarmup", type=int, default=1)
     parser.add_argument("--rung_timeout", type=int, default=600, help="seconds per run, either side's")
+    parser.add_argument("--work_dir", default=os.path.join(ROOT, "runs", "original"),
+                        help="the original's run directories (its out.log and TensorBoard logs; not kept in git)")
     args = parser.parse_args(argv)
 
     checkout = check_checkout(args.original)
@@ -290,9 +295,8 @@ def main(argv=None):
 
     train_path, val_path = make_data(args.data_dir, GPU_BOX)
     dali = ladder.dali_importable()
-    # The original's run directories (its out.log, TensorBoard logs) go under runs/ (ignored by git).
     config = original_config(checkout, relative(train_path), relative(val_path), args.epochs,
-                             args.samples_per_epoch, args.val_samples, relative(os.path.join(ROOT, "runs", "original")))
+                             args.samples_per_epoch, args.val_samples, relative(args.work_dir))
     write_config(base + ".yaml", config)
     report = {"device": name, **software(), "date": stamp.isoformat(timespec="seconds"),
               "command": "python -m benchmarks.original " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -136,9 +136,10 @@ def test_the_originals_run_takes_the_config_and_stops_only_at_cuda(original_data
 
 
 def test_the_runs_environment_has_the_apex_stand_in_and_nothing_of_this_project():
-    env = original.original_env({"PATH": "/bin", "PYTHONPATH": ROOT, "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
-    assert env == {"PATH": "/bin", "PYTHONPATH": original.STANDINS}
-    assert os.path.isfile(os.path.join(env["PYTHONPATH"], "apex", "optimizers", "__init__.py"))
+    env = original.original_env({"PATH": "/bin", "PYTHONPATH": f"{ROOT}:/site", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+    assert env == {"PATH": "/bin", "PYTHONPATH": f"{original.STANDINS}:/site"}  # /site: ruamel.yaml, DALI
+    assert original.original_env({})["PYTHONPATH"] == original.STANDINS
+    assert os.path.isfile(os.path.join(original.STANDINS, "apex", "optimizers", "__init__.py"))
     assert "stand-in" in original.APEX_NOTE
 
 
@@ -221,3 +222,46 @@ def test_without_a_gpu_it_refuses_in_one_paragraph_and_writes_nothing(tmp_path):
     assert message.startswith("error: benchmarks.original needs a CUDA GPU, and PyTorch sees none")
     assert "Nothing was run or written" in message and len(result.stderr.strip().split("\n\n")) == 1
     assert not (tmp_path / "out").exists() and not (tmp_path / "data").exists()
+
+
+@needs_checkout
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs it for real")
+def test_main_runs_both_sides_and_writes_what_it_measured(tmp_path, monkeypatch, capsys):
+    """The whole run on a CPU, its two GPU-only parts replaced: the check for a GPU passes, and this project's rungs
+    return a fixed summary instead of being measured. The original's runs are real and stop at their first CUDA
+    call: each is reported as failed, with no number, and no ratio is made from them."""
+    monkeypatch.setattr(original, "check_gpu", lambda: None)
+    monkeypatch.setattr(original, "device_name", lambda gpu: "Test GPU")
+    monkeypatch.setattr(original, "GPU_BOX", 32)
+    monkeypatch.setattr(ladder, "slow_convolutions", lambda options, device: None)
+    measured = []
+
+    def measure_in_process(rung, common, args, sizes, log_path):
+        measured.append((rung.name, common, sizes))
+        return {"full": 10.0, "synthetic": 12.0, "io": 30.0, "precision": "bf16"}
+    monkeypatch.setattr(ladder, "measure_in_process", measure_in_process)
+    original.main([f"--original={CHECKOUT}", f"--out_dir={tmp_path / 'out'}", f"--data_dir={tmp_path / 'data'}",
+                   f"--work_dir={tmp_path / 'work'}", "--rungs=baseline|+ fused Adam (bf16)|no such rung",
+                   "--rung_timeout=300"])
+    [base] = [str(path)[:-5] for path in (tmp_path / "out").glob("test-gpu-*.json")]
+    with open(base + ".json") as f:
+        report = json.load(f)
+    dali = ladder.dali_importable()
+    assert [run["name"] for run in report["original_runs"]] == [run["name"] for run in original.original_runs(dali)]
+    assert all(run["samples_per_s"] is None and run["error"].startswith("exit status 1")
+               for run in report["original_runs"])
+    assert [run["name"] for run in report["runs"]] == ["baseline: lowmem, 2 workers", "+ fused Adam (bf16)",
+                                                        "no such rung"]
+    assert report["runs"][0]["baseline"] and report["runs"][0]["full"] == 10.0 and "error" in report["runs"][2]
+    assert [name for name, _, _ in measured] == ["baseline: lowmem, 2 workers", "+ fused Adam (bf16)"]
+    assert measured[0][2] == (5, 2, 1) and "--device=cuda" in measured[0][1]  # the baseline's 5 batches a trial
+    assert report["ratios"] == {"baseline": None, "fastest": None} and "stand-in" in report["apex"]
+    with open(base + ".yaml") as f:
+        config = yaml.safe_load(f)["benchmark"]
+    assert config["box_size"] == [32, 16] and config["expdir"] == str(tmp_path / "work")
+    with open(base + ".log") as f:
+        log = f.read()
+    assert log.count("$ ") == len(report["original_runs"]) and "in set_device" in log
+    assert (tmp_path / "work" / "benchmark" / "1GPU").is_dir()  # the original's run directories, not the repository's
+    printed = capsys.readouterr().out
+    assert "| baseline: lowmem, 2 workers | 10.0 | 12.0 | 30.0 |" in printed and "| fastest | not measured |" in printed
