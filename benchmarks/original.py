@@ -12,11 +12,12 @@ training and a 128^3 validation box, both as HDF5 files with datasets ``Nbody`` 
 the layout the original's loaders and its converter use):
 
 1. The original's ``train.py`` with a config of its own ``config/UNet.yaml``'s ``base``, read from
-   the checkout, where only the data's paths and box sides and the run's length change (written as
-   ``original_config.yaml`` beside the results): its baseline (``lowmem``, 2 workers, FP32); its
+   the checkout, where only the data's paths and box sides and the run's length change (written
+   beside the results, ``<device>-<date>.yaml``): its baseline (``lowmem``, 2 workers, FP32); its
    optimisations that run here together (AMP fp16, apex's FusedAdam, ``--enable_jit``, ``lowmem``
    with 8 workers); and, where DALI is installed, its best settings (``short_opt``'s: the same with
-   ``dali-lowmem``). Its throughput is its own log line, ``Time taken for epoch N is T sec, avg X
+   ``dali-lowmem``). Its ``--enable_jit`` scripts the model but trains the unscripted one: what it
+   changes is the loss, a TorchScript function. Its throughput is its own log line, ``Time taken for epoch N is T sec, avg X
    samples/sec`` (steps x batch over the epoch's wall time, the loader included, validation not),
    averaged over the epochs after the first (which holds cuDNN's autotuning, TorchScript's
    compilation and the loader's start).
