@@ -1,10 +1,13 @@
 """Shared fixtures: small real HDF5 data sets made by the project's own generator, and the test Slurm cluster."""
 import importlib.util
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
 import torch
@@ -27,6 +30,18 @@ TIMEOUT_FACTOR = float(os.environ.get("TEST_TIMEOUT_FACTOR", "4"))
 def timeout_for(idle_seconds):
     """How long to wait for work that ends within ``idle_seconds`` on an idle machine: TIMEOUT_FACTOR times it."""
     return idle_seconds * TIMEOUT_FACTOR
+
+
+# A train.py run on a CPU times its own training step before it trains and logs how long it will take
+# (utils/estimate.py): on a loaded machine the estimate grows with the load.
+CPU_ESTIMATE = re.compile(r"would train for about ([\d.]+) (s|min|hours|days) on this CPU")
+SECONDS_PER = {"s": 1, "min": 60, "hours": 3600, "days": 86400}
+
+
+def estimated_seconds(log):
+    """The training time a train.py run estimated for itself on this CPU, from its log; None if it has not said."""
+    match = CPU_ESTIMATE.search(log)
+    return float(match.group(1)) * SECONDS_PER[match.group(2)] if match else None
 
 
 def dali_installed():
@@ -108,10 +123,31 @@ def synthetic_data_dir(tmp_path, data_files):
     return directory
 
 
+def run_with_estimate(command, timeout, **options):
+    """``subprocess.run(command, capture_output=True, text=True, timeout=...)`` for a train.py run: it may take
+    ``timeout``, or TIMEOUT_FACTOR times the training time it estimates for itself on this CPU, if longer."""
+    # Appending files: the run writes at their end while this process reads them from the start.
+    with tempfile.TemporaryFile("a+") as stdout, tempfile.TemporaryFile("a+") as stderr:
+        process = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, **options)
+        started, limit, estimate = time.monotonic(), timeout, None
+        while process.poll() is None:
+            if estimate is None:
+                stdout.seek(0)
+                estimate = estimated_seconds(stdout.read())
+                limit = max(timeout, TIMEOUT_FACTOR * (estimate or 0))
+            if time.monotonic() - started > limit:
+                process.kill()
+                process.wait()
+                stdout.seek(0), stderr.seek(0)
+                raise subprocess.TimeoutExpired(command, limit, stdout.read(), stderr.read())
+            time.sleep(0.2)
+        stdout.seek(0), stderr.seek(0)
+        return subprocess.CompletedProcess(command, process.returncode, stdout.read(), stderr.read())
+
+
 def run_train(args, cwd=ROOT, timeout=timeout_for(300), env=None, check=True):
-    """Run ``python train.py ARGS`` in a subprocess; return the CompletedProcess."""
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=cwd, env=env,
-                            capture_output=True, text=True, timeout=timeout)
+    """Run ``python train.py ARGS`` in a subprocess (as :func:`run_with_estimate`); return the CompletedProcess."""
+    result = run_with_estimate([sys.executable, os.path.join(ROOT, "train.py"), *args], timeout, cwd=cwd, env=env)
     if check and result.returncode != 0:
         raise AssertionError(f"train.py {' '.join(args)} failed ({result.returncode}):\n"
                              f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")

@@ -5,8 +5,11 @@ import ast
 import glob
 import os
 import re
+import time
 
-from conftest import ROOT, timeout_for
+import pytest
+
+from conftest import ROOT, TIMEOUT_FACTOR, run_with_estimate, timeout_for
 
 # Each module of utils/ and the modules of utils/ it may import. A new edge is a design decision:
 # add it here with the reason, or pass the value in from the caller instead.
@@ -166,6 +169,7 @@ LIMITS_UNDER_TEST = {
     ("test_benchmark_profiles.py", "test_nsys_and_its_importer_together_end_within_the_limit"): "try_nsys's own timeout",
     ("test_preflight.py", "test_a_run_past_its_limit_ends_with_all_its_children"): "common.run's own timeout",
     ("test_signals.py", "test_ctrl_c_during_set_up_prints_one_line_and_writes_nothing"): "ends before the 30-s step",
+    ("test_layout.py", "test_a_train_run_may_take_what_it_estimates_for_itself"): "run_with_estimate's own limit",
 }
 
 
@@ -189,3 +193,21 @@ def test_the_tests_wait_for_hangs_not_for_slowness():
                                    f"timeout=timeout_for({seconds}) (from conftest), or list it in LIMITS_UNDER_TEST"
                                    for name, function, line, seconds in numbers)
     assert {tuple(where) for *where, _, _ in found} == set(LIMITS_UNDER_TEST)  # no stale entry
+
+
+def test_a_train_run_may_take_what_it_estimates_for_itself():
+    """A run that logs train.py's estimate (utils/estimate.py's words) may run TIMEOUT_FACTOR times as long as it
+    says, past the limit it was given; one that says nothing is ended at that limit."""
+    import subprocess
+    import sys
+
+    from utils.estimate import format_duration
+
+    def sleeper(said):
+        return [sys.executable, "-c", f"import time; print({said!r}, flush=True); time.sleep(8)"]
+    says = f"--config=demo would train for about {format_duration(8 / TIMEOUT_FACTOR + 3)} on this CPU: 1 epoch"
+    assert run_with_estimate(sleeper(says), timeout=5).returncode == 0
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_with_estimate(sleeper("Estimated time: seconds"), timeout=5)
+    assert time.monotonic() - started < 8
