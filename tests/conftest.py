@@ -22,8 +22,9 @@ SLURM_CLUSTER = os.path.join(ROOT, "tests", "slurm", "cluster.sh")
 # project's 2-core machine, loaded by other work, the demo (about 55 s idle) once took over 5 minutes and
 # was killed by its 300-s limit. Each call names a limit its work keeps on an idle machine; the test waits
 # TIMEOUT_FACTOR times that, so a loaded machine makes the suite slower, not red. TEST_TIMEOUT_FACTOR sets
-# the factor (a larger one for a machine busier still). Limits that a test checks (a run must end before
-# its 30-s step, a tool's own timeout) are not hang limits and stay as they are.
+# the factor (a larger one for a machine busier still). A train.py run may also take TIMEOUT_FACTOR times
+# the training time it estimates for itself (run_with_estimate). Limits that a test checks (a run must end
+# before its 30-s step, a tool's own timeout) are not hang limits and stay as they are.
 TIMEOUT_FACTOR = float(os.environ.get("TEST_TIMEOUT_FACTOR", "4"))
 
 
