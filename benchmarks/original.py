@@ -51,6 +51,7 @@ from benchmarks import ladder
 from benchmarks.common import (ROOT, add_output_options, argument_parser, claim_files, device_name, device_slug,
                                free_name, make_data, outcome, relative, results_folder, run, software,
                                software_text)
+from utils.convert_h5_to_npy import output_paths as npy_paths
 from utils.errors import UserError, exit_on_user_error
 
 STANDINS = os.path.join(ROOT, "tests", "standins")
@@ -60,7 +61,7 @@ APEX_NOTE = ("NVIDIA apex is not installed: the original's `apex.optimizers.Fuse
 CHECKOUT_FILES = ("train.py", "config/UNet.yaml", "networks/UNet.py", "utils/__init__.py", "utils/data_loader.py",
                   "utils/YParams.py")
 EPOCH_LINE = re.compile(r"Time taken for epoch (\d+) is ([0-9.eE+-]+) sec, avg ([0-9.eE+-]+) samples/sec")
-CONFIG_NAME = "benchmark"  # the config the runs name in original_config.yaml
+CONFIG_NAME = "benchmark"  # the config the runs name in the config file written for them
 GPU_BOX = 256               # the benchmarks' data set on a GPU (the ladder's): 256^3 training, 128^3 validation
 
 # The original's runs: its baseline, its optimisations together, its best settings (short_opt's) with DALI.
@@ -94,6 +95,7 @@ def check_checkout(path):
 
 
 def check_gpu():
+    """A clear refusal where PyTorch sees no CUDA GPU."""
     if not torch.cuda.is_available():
         raise UserError("benchmarks.original needs a CUDA GPU, and PyTorch sees none: the original's train.py "
                         "sets its CUDA device, moves the model there and synchronises it every epoch, with no CPU "
@@ -115,7 +117,8 @@ def checkout_commit(path):
 
 
 def box_side(path):
-    with h5py.File(path, "r") as f:
+    """The box side of a data set file (a path relative to the repository, or absolute)."""
+    with h5py.File(os.path.join(ROOT, path), "r") as f:
         return int(f["Nbody"].shape[1])
 
 
@@ -125,9 +128,8 @@ def original_config(checkout, train_path, val_path, epochs, samples_per_epoch, v
     with open(os.path.join(checkout, "config", "UNet.yaml")) as f:
         config = dict(yaml.safe_load(f)["base"])
     npy = {}
-    for split, path in (("train", train_path), ("val", val_path)):
-        stem = os.path.splitext(path)[0]
-        npy.update({f"{split}_path_npy_data": f"{stem}_data.npy", f"{split}_path_npy_label": f"{stem}_label.npy"})
+    for split, path in (("train", train_path), ("val", val_path)):  # the .npy copies' names, as its converter's
+        npy[f"{split}_path_npy_data"], npy[f"{split}_path_npy_label"] = npy_paths(path)
     config.update(train_path=train_path, val_path=val_path, **npy, box_size=[box_side(train_path), box_side(val_path)],
                   Nsamples=samples_per_epoch, Nsamples_val=val_samples, num_epochs=epochs,
                   expdir=expdir, use_cache=None)
