@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from conftest import unavailable
+from conftest import timeout_for, unavailable
 from utils.errors import UserError
 from figures.tensorboard_screenshot import find_chromium
 
@@ -31,7 +31,7 @@ def ensure_chromium():
                     "(apt-get install chromium)")
     environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
-        result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=900)
+        result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=timeout_for(900))
         if result.returncode != 0:
             pytest.fail(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout[-2000:]}\n"
                         f"{result.stderr[-2000:]}", pytrace=False)

@@ -1,10 +1,13 @@
 """Shared fixtures: small real HDF5 data sets made by the project's own generator, and the test Slurm cluster."""
 import importlib.util
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
 import torch
@@ -13,6 +16,33 @@ from utils.generate_data import generate_box, write_h5
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLURM_CLUSTER = os.path.join(ROOT, "tests", "slurm", "cluster.sh")
+
+
+# A test's limit on a subprocess, a batch job or a worker catches a hang, never a slow machine: on the
+# project's 2-core machine, loaded by other work, the demo (about 55 s idle) once took over 5 minutes and
+# was killed by its 300-s limit. Each call names a limit its work keeps on an idle machine; the test waits
+# TIMEOUT_FACTOR times that, so a loaded machine makes the suite slower, not red. TEST_TIMEOUT_FACTOR sets
+# the factor (a larger one for a machine busier still). A train.py run may also take TIMEOUT_FACTOR times
+# the training time it estimates for itself (run_with_estimate). Limits that a test checks (a run must end
+# before its 30-s step, a tool's own timeout) are not hang limits and stay as they are.
+TIMEOUT_FACTOR = float(os.environ.get("TEST_TIMEOUT_FACTOR", "4"))
+
+
+def timeout_for(idle_seconds):
+    """How long to wait for work that ends within ``idle_seconds`` on an idle machine: TIMEOUT_FACTOR times it."""
+    return idle_seconds * TIMEOUT_FACTOR
+
+
+# A train.py run on a CPU times its own training step before it trains and logs how long it will take
+# (utils/estimate.py): on a loaded machine the estimate grows with the load.
+CPU_ESTIMATE = re.compile(r"would train for about ([\d.]+) (s|min|hours|days) on this CPU")
+SECONDS_PER = {"s": 1, "min": 60, "hours": 3600, "days": 86400}
+
+
+def estimated_seconds(log):
+    """The training time a train.py run estimated for itself on this CPU, from its log; None if it has not said."""
+    match = CPU_ESTIMATE.search(log)
+    return float(match.group(1)) * SECONDS_PER[match.group(2)] if match else None
 
 
 def dali_installed():
@@ -54,7 +84,7 @@ def slurm(tmp_path_factory):
     if os.geteuid() != 0:
         unavailable("the test cluster needs root (slurmctld and slurmd run as root)")
     if not all(shutil.which(tool) for tool in ("slurmctld", "munged", "ip", "nsenter", "unshare")):
-        result = subprocess.run([SLURM_CLUSTER, "install"], capture_output=True, text=True, timeout=900)
+        result = subprocess.run([SLURM_CLUSTER, "install"], capture_output=True, text=True, timeout=timeout_for(900))
         if result.returncode != 0:
             unavailable(f"could not install slurm-wlm, munge and iproute2:\n{result.stdout[-2000:]}"
                         f"{result.stderr[-2000:]}")
@@ -64,12 +94,12 @@ def slurm(tmp_path_factory):
            "SLURM_CLUSTER_NAME": f"t{os.getpid() % 10**5}", "SUBNET": f"10.213.{os.getpid() % 250}"}
     env = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
     started = subprocess.run([SLURM_CLUSTER, "start", str(state), "2"], env=env, capture_output=True, text=True,
-                             timeout=180)
+                             timeout=timeout_for(180))
     try:
         assert started.returncode == 0, f"the test cluster did not start:\n{started.stdout}{started.stderr}"
         yield {**env, "SLURM_CONF": str(state / "slurm.conf")}
     finally:
-        subprocess.run([SLURM_CLUSTER, "stop", str(state)], env=env, timeout=180)
+        subprocess.run([SLURM_CLUSTER, "stop", str(state)], env=env, timeout=timeout_for(180))
 
 
 @pytest.fixture(scope="session")
@@ -94,10 +124,31 @@ def synthetic_data_dir(tmp_path, data_files):
     return directory
 
 
-def run_train(args, cwd=ROOT, timeout=300, env=None, check=True):
-    """Run ``python train.py ARGS`` in a subprocess; return the CompletedProcess."""
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=cwd, env=env,
-                            capture_output=True, text=True, timeout=timeout)
+def run_with_estimate(command, timeout, **options):
+    """``subprocess.run(command, capture_output=True, text=True, timeout=...)`` for a train.py run: it may take
+    ``timeout``, or TIMEOUT_FACTOR times the training time it estimates for itself on this CPU, if longer."""
+    # Appending files: the run writes at their end while this process reads them from the start.
+    with tempfile.TemporaryFile("a+") as stdout, tempfile.TemporaryFile("a+") as stderr:
+        process = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, **options)
+        started, limit, estimate = time.monotonic(), timeout, None
+        while process.poll() is None:
+            if estimate is None:
+                stdout.seek(0)
+                estimate = estimated_seconds(stdout.read())
+                limit = max(timeout, TIMEOUT_FACTOR * (estimate or 0))
+            if time.monotonic() - started > limit:
+                process.kill()
+                process.wait()
+                stdout.seek(0), stderr.seek(0)
+                raise subprocess.TimeoutExpired(command, limit, stdout.read(), stderr.read())
+            time.sleep(0.2)
+        stdout.seek(0), stderr.seek(0)
+        return subprocess.CompletedProcess(command, process.returncode, stdout.read(), stderr.read())
+
+
+def run_train(args, cwd=ROOT, timeout=timeout_for(300), env=None, check=True):
+    """Run ``python train.py ARGS`` in a subprocess (as :func:`run_with_estimate`); return the CompletedProcess."""
+    result = run_with_estimate([sys.executable, os.path.join(ROOT, "train.py"), *args], timeout, cwd=cwd, env=env)
     if check and result.returncode != 0:
         raise AssertionError(f"train.py {' '.join(args)} failed ({result.returncode}):\n"
                              f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")

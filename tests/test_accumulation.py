@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import dist_worker
-from conftest import ROOT, run_train
+from conftest import ROOT, run_train, timeout_for
 from test_distributed import assert_matches_reference, load, logs, ranks, requires_fully_shard
 from test_train import data_args, read_events
 from utils.YParams import load_params
@@ -34,7 +34,7 @@ def accumulated(tmp_path_factory):
     with ranks("accumulation", out_dir) as processes:
         one_rank = reference()  # meanwhile, in this process
         for process in processes:
-            process.wait(timeout=240)
+            process.wait(timeout=timeout_for(240))
     assert [p.returncode for p in processes] == [0, 0], logs(out_dir, "accumulation")
     return out_dir, one_rank
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from benchmarks import allreduce
-from conftest import ROOT
+from conftest import ROOT, timeout_for
 
 
 def test_sizes_run_from_one_mib_to_one_gib_by_factors_of_two():
@@ -62,7 +62,7 @@ def test_check_profile_refuses_other_keys():
 def torchrun(*args, ranks=2):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
                "-m", "benchmarks.allreduce", *args]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(300),
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
@@ -89,5 +89,5 @@ def test_two_gloo_ranks_write_the_profile_and_keep_an_earlier_one(tmp_path):
 def test_outside_a_launcher_it_says_how_to_launch(capsys):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     result = subprocess.run([sys.executable, "-m", "benchmarks.allreduce"], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120, env=env)
+                            text=True, timeout=timeout_for(120), env=env)
     assert result.returncode == 2 and "launch it with torchrun" in result.stderr

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from benchmarks import cudnn_autotune
-from conftest import ROOT
+from conftest import ROOT, timeout_for
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine measures; tests/test_gpu_paths.py-style runs")
 def test_without_cuda_it_says_there_is_nothing_to_measure():
     result = subprocess.run([sys.executable, "-m", "benchmarks.cudnn_autotune"], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
+                            text=True, timeout=timeout_for(120))
     assert result.returncode == 0 and result.stderr == ""
     assert result.stdout.count("\n") == 1 and "nothing to measure" in result.stdout
 

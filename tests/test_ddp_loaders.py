@@ -6,7 +6,7 @@ import sys
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import ROOT, needs_dali
+from conftest import ROOT, needs_dali, timeout_for
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ def test_two_ranks_train_with_each_loader(data_with_npy, tmp_path, loader):
                os.path.join(ROOT, "train.py"), "--config=test", f"--data_loader_config={loader}",
                f"--train_path={data_with_npy / 'synthetic_train.h5'}", f"--val_path={data_with_npy / 'synthetic_valid.h5'}",
                f"--expdir={tmp_path}", "--num_data_workers=1" if loader == "lowmem" else "--num_data_workers=0"]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(300),
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     events = EventAccumulator(str(tmp_path / "test" / "2CPU" / "00" / "logs"))

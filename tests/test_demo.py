@@ -5,7 +5,7 @@ import sys
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import ROOT, run_train
+from conftest import ROOT, run_train, timeout_for
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,7 @@ def test_domain_demo_learns_on_the_large_data_set(tmp_path):
                              "train.py", "--config=domain_demo", f"--train_path={data / 'synthetic_train.h5'}",
                              f"--val_path={data / 'synthetic_valid.h5'}", f"--expdir={tmp_path / 'runs'}",
                              "--device=cpu", "--val_metrics=false", "--preview_image=false", "--checkpoint=false"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=900)
+                            cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(900))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     events = EventAccumulator(str(tmp_path / "runs" / "domain_demo" / "2CPU" / "00" / "logs"))
     events.Reload()

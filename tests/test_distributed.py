@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import dist_worker
-from conftest import ROOT, free_port
+from conftest import ROOT, free_port, timeout_for
 from utils import distributed
 from utils.distributed import World
 from utils.errors import UserError
@@ -62,7 +62,7 @@ def runs(tmp_path_factory):
     with ranks("variants", out_dir) as processes:
         reference = dist_worker.train(dist_worker.make_params(), World())  # meanwhile, in this process
         for process in processes:
-            process.wait(timeout=240)
+            process.wait(timeout=timeout_for(240))
     assert [p.returncode for p in processes] == [0, 0], logs(out_dir, "variants")
     return out_dir, reference
 
@@ -212,7 +212,7 @@ def test_train_py_reports_ddp_and_fsdp_memory_per_rank(data_files, tmp_path):
                    os.path.join(ROOT, "train.py"), "--config=test", f"--train_path={data_files['train']}",
                    f"--val_path={data_files['valid']}", f"--expdir={tmp_path}", f"--run_num={parallel}",
                    f"--parallel={parallel}", "--local_batch_size=3", "--num_epochs=1", "--val_metrics=false"]
-        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(300),
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
 
     reports = {}
@@ -289,7 +289,7 @@ def test_missing_rank_at_start_ends_with_a_message(tmp_path):
            "MASTER_PORT": str(free_port()), "TEST_DIST_TIMEOUT_S": "3"}
     start = time.time()
     result = subprocess.run([sys.executable, WORKER, "variants", str(tmp_path)], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=90)
+                            capture_output=True, text=True, timeout=timeout_for(90))
     assert result.returncode == 2, result.stderr
     assert time.time() - start < 3 + 30
     message = " ".join(result.stderr.split())

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, unavailable
+from conftest import ROOT, timeout_for, unavailable
 from test_slurm import NEUTRAL, Job, assert_completed, ranks_on
 
 DOCKERFILE = os.path.join(ROOT, "docker", "Dockerfile")
@@ -58,7 +58,7 @@ class Image:
     def __init__(self, env, container):
         self.env, self.container = env, container
 
-    def run(self, *command, options=(), timeout=900):
+    def run(self, *command, options=(), timeout=timeout_for(900)):
         """``buildah run`` COMMAND in the working container (in the image's working directory)."""
         return subprocess.run([IMAGE_SH, "run", *options, self.container, "--", *command], env=self.env,
                               capture_output=True, text=True, timeout=timeout)
@@ -76,7 +76,7 @@ def say(request, line):
 def image(request, tmp_path_factory):
     if os.geteuid() != 0:
         unavailable("building the image needs root (debootstrap and buildah's chroot isolation)")
-    installed = subprocess.run([IMAGE_SH, "install"], capture_output=True, text=True, timeout=900)
+    installed = subprocess.run([IMAGE_SH, "install"], capture_output=True, text=True, timeout=timeout_for(900))
     if installed.returncode != 0:
         unavailable(f"could not install buildah and debootstrap:\n{installed.stdout[-2000:]}{installed.stderr[-2000:]}")
     storage = tmp_path_factory.mktemp("containers")
@@ -85,17 +85,17 @@ def image(request, tmp_path_factory):
     container = f"unet3d-dl-tutorial-test-{os.getpid()}"
     try:
         started = time.monotonic()
-        built = subprocess.run([IMAGE_SH, "build", TAG], env=env, capture_output=True, text=True, timeout=1800)
+        built = subprocess.run([IMAGE_SH, "build", TAG], env=env, capture_output=True, text=True, timeout=timeout_for(1800))
         assert built.returncode == 0, f"the image did not build:\n{built.stdout[-6000:]}\n{built.stderr[-3000:]}"
         [summary] = [line for line in built.stdout.splitlines() if line.startswith("image.sh: built")]
         say(request, f"\n{summary} ({time.monotonic() - started:.0f} s with the base image and the torch wheel)")
         made = subprocess.run(["buildah", "from", "--name", container, "--pull-never", TAG], env=env,
-                              capture_output=True, text=True, timeout=600)
+                              capture_output=True, text=True, timeout=timeout_for(600))
         assert made.returncode == 0, made.stderr
         yield Image(env, container)
     finally:  # the storage holds gigabytes: leave nothing behind
-        subprocess.run(["buildah", "rm", "--all"], env=env, capture_output=True, timeout=600)
-        subprocess.run(["buildah", "rmi", "--all", "--force"], env=env, capture_output=True, timeout=600)
+        subprocess.run(["buildah", "rm", "--all"], env=env, capture_output=True, timeout=timeout_for(600))
+        subprocess.run(["buildah", "rmi", "--all", "--force"], env=env, capture_output=True, timeout=timeout_for(600))
         shutil.rmtree(storage, ignore_errors=True)
 
 
@@ -113,7 +113,7 @@ def test_the_demo_trains_one_epoch_in_the_image_on_data_made_there(image):
     made = image.run("python", "-m", "utils.generate_data", "--out_dir", "data")
     assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
     demo = image.run("python", "train.py", "--config=demo", "--num_epochs=1", "--enable_apex", "--run_num=image",
-                     timeout=1800)
+                     timeout=timeout_for(1800))
     output = demo.stdout + demo.stderr
     assert demo.returncode == 0, output[-6000:]
     # Built with APEX=0: one line says that --enable_apex falls back.
@@ -139,7 +139,7 @@ def test_benchy_and_apex_without_github_fail_the_build_with_one_message(image):
     """The default build (benchy and apex on) where github.com does not answer: the message, no traceback."""
     result = subprocess.run([IMAGE_SH, "build", "localhost/unet3d-dl-tutorial:no-github", "--build-arg", "BENCHY=1",
                              "--build-arg", "APEX=1", "--add-host", "github.com:127.0.0.1"],
-                            env=image.env, capture_output=True, text=True, timeout=900)
+                            env=image.env, capture_output=True, text=True, timeout=timeout_for(900))
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "\nerror: this build installs benchy and NVIDIA apex from GitHub (BENCHY=1, APEX=1), but github.com " \
@@ -168,7 +168,7 @@ def test_submit_pm_trains_in_the_image(runtime, image, slurm, data_files, tmp_pa
               DATA_DIR=data_dir, TRAIN_FILE="train.h5", VAL_FILE="valid.h5",
               PATH=f"{STANDINS}:{os.environ['PATH']}", STANDIN_LOG=str(record), STANDIN_CONTAINER=image.container,
               CONTAINERS_STORAGE_CONF=image.env["CONTAINERS_STORAGE_CONF"], BUILDAH_ISOLATION="chroot")
-    info = job.wait(timeout=900)
+    info = job.wait(timeout=timeout_for(900))
     output = job.output()
     assert_completed(job, info)
     assert f"container {runtime}, data {data_dir}, logs {job.log_dir}" in output

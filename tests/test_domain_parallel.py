@@ -15,14 +15,14 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, timeout_for
 from utils.distributed import torch_release
 
 COMMON = ["--config=test", "--data_loader_config=synthetic", "--crop_size=64", "--num_epochs=1", "--Nsamples_val=2",
           "--val_metrics=true", "--preview_image=true"]
 
 
-def torchrun(ranks, expdir, run_num, *args, timeout=400):
+def torchrun(ranks, expdir, run_num, *args, timeout=timeout_for(400)):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
                os.path.join(ROOT, "train.py"), *COMMON, f"--expdir={expdir}", f"--run_num={run_num}", *args]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,

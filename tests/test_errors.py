@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import train
-from conftest import ROOT, run_train
+from conftest import ROOT, run_train, timeout_for
 
 pytestmark = pytest.mark.slow
 
@@ -189,7 +189,7 @@ def test_under_torchrun_the_paragraph_is_printed_once_and_every_rank_exits_with_
     """Every rank refuses the same option; rank 0 alone prints the paragraph, the other exits quietly."""
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                              os.path.join(ROOT, "train.py"), "--config=test", "--crop_size=33",
-                             f"--expdir={tmp_path / 'runs'}"], cwd=ROOT, capture_output=True, text=True, timeout=180)
+                             f"--expdir={tmp_path / 'runs'}"], cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(180))
     output = result.stdout + result.stderr
     assert output.count("error: crop_size=33 does not fit the U-Net") == 1, output[-5000:]
     assert result.returncode == 1  # torchrun's own status when a rank fails

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, timeout_for
 from readme_commands import tutorial_text
 from figures import tutorial_images as figures
 
@@ -41,7 +41,7 @@ def test_example_logs_are_a_complete_demo_run():
 def test_make_figures_installs_playwright_not_the_test_set(tmp_path):
     """make's own plan (make -n) for a fresh .venv: Playwright alone, not requirements-test.txt (DALI, ~1 GB)."""
     plan = subprocess.run(["make", "-n", "figures", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env={k: v for k, v in os.environ.items() if not k.startswith("MAKE")})
+                          text=True, timeout=timeout_for(60), env={k: v for k, v in os.environ.items() if not k.startswith("MAKE")})
     assert plan.returncode == 0, plan.stderr
     assert "pip install --quiet playwright" in plan.stdout and "requirements-test.txt" not in plan.stdout, plan.stdout
     assert plan.stdout.strip().splitlines()[-1].endswith("-m figures.tutorial_images")

@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import snapshot
+from conftest import snapshot, timeout_for
 from utils import convert_h5_to_npy, generate_data
 from utils.generate_data import gaussian_smooth, generate_box
 
@@ -305,7 +305,7 @@ def test_module_entry_point_runs(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "utils.generate_data", "--out_dir", str(tmp_path), "--train_size", "16",
          "--val_size", "8", "--no_npy"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(120),
     )
     assert result.returncode == 0, result.stderr
     for name in H5_NAMES:
@@ -315,7 +315,7 @@ def test_module_entry_point_runs(tmp_path):
     # A refused second run exits with status 2 and one "error:" paragraph, not a traceback.
     again = subprocess.run(
         [sys.executable, "-m", "utils.generate_data", "--out_dir", str(tmp_path), "--no_npy"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(120),
     )
     assert again.returncode == 2
     assert again.stderr.startswith("error:") and "Traceback" not in again.stderr

@@ -10,7 +10,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from benchmarks.preflight import compile_problem
-from conftest import ROOT, needs_cuda, run_train
+from conftest import ROOT, needs_cuda, run_train, timeout_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -53,7 +53,7 @@ def test_compile_with_cuda_graphs_keeps_every_loss(data_files, tmp_path):
     torch.compile cannot build its C wrappers (no compiler or no Python.h)."""
     run_train(gpu_args(data_files, tmp_path, "--run_num=c", "--num_epochs=2", "--jit_mode=compile",
                        "--compile_mode=reduce-overhead", "--amp_mode=bf16", "--enable_fused", "--preview_image"),
-              timeout=600)
+              timeout=timeout_for(600))
     losses = scalars(tmp_path / "test" / "1GPU" / "c", "Loss/train")
     assert len(losses) == 3 and all(0 < loss < 10 for loss in losses)
 
@@ -64,7 +64,7 @@ def test_a_train_py_checkpoint_resumes_in_train_graph_py(data_files, tmp_path):
     common = gpu_args(data_files, tmp_path, "--run_num=r", "--graph_warmup_steps=3", "--enable_fused")
     run_train([*common, "--num_epochs=1"])
     graph = subprocess.run([sys.executable, os.path.join(ROOT, "train_graph.py"), *common, "--num_epochs=2",
-                            "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                            "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(600))
     assert graph.returncode == 0, graph.stderr[-3000:]
     assert "Resumed from" in graph.stdout
     assert len(scalars(tmp_path / "test" / "1GPU" / "r", "Loss/valid")) == 3  # step 0, epoch 1, epoch 2

@@ -30,7 +30,7 @@ import zipfile
 import pytest
 
 from benchmarks import suite_plan
-from conftest import ROOT
+from conftest import ROOT, timeout_for
 
 PACK = os.path.join(ROOT, "benchmarks", "pack_dali.sh")
 
@@ -55,7 +55,7 @@ sys.meta_path.insert(0, _Lacking())
 
 def plan_output():
     result = subprocess.run([os.path.join(ROOT, "benchmarks", "gpu_suite.sh"), "--plan"], cwd=ROOT,
-                            env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=120)
+                            env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=timeout_for(120))
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 
@@ -72,7 +72,7 @@ def carry_preflight_answer(carried, files):
     into the checkout's .carry/preflight, which the commands after it carry."""
     [copy] = re.findall(r"^After command 1, within the 30 s: (.+?) \(the preflight's", plan_output(), flags=re.M)
     copy = copy.replace("<its files>", os.path.dirname(files["gpu_suite_preflight.tgz"]))
-    subprocess.run(["bash", "-c", copy], cwd=carried, check=True, timeout=60)
+    subprocess.run(["bash", "-c", copy], cwd=carried, check=True, timeout=timeout_for(60))
 
 
 def wheel_of(distribution, folder):
@@ -99,7 +99,7 @@ def machine(tmp_path_factory):
     dali_wheels.mkdir()
     wheel_of("makefun", dali_wheels)
     subprocess.run([PACK, "--wheels", str(dali_wheels), "--parts", str(suite_plan.DALI_PARTS)], cwd=carried,
-                   check=True, capture_output=True, timeout=120)
+                   check=True, capture_output=True, timeout=timeout_for(120))
     assert sorted(path.name for path in (carried / ".carry").iterdir()) == sorted(
         ["wheels"] + [str(k) for k in range(1, suite_plan.DALI_PARTS + 1)])
     bin_dir, hide_dir = base / "bin", base / "hide"
@@ -129,7 +129,7 @@ def machine(tmp_path_factory):
         env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home), "OUT": str(out), "CPU_CHECK": "1",
                "COMMIT": "test", "PYTHONPATH": str(hide_dir), "LANG": "C.UTF-8", "CUDA_VISIBLE_DEVICES": ""}
         result = subprocess.run(["bash", "-c", command], cwd=tree, env=env, capture_output=True, text=True,
-                                timeout=900)
+                                timeout=timeout_for(900))
         runs.append(number)
         return result.returncode, result.stdout + result.stderr, {path.name: path for path in out.iterdir()}
 
@@ -228,7 +228,7 @@ def test_the_packer_keeps_one_python_and_its_parts_rejoin_into_the_checked_tar(t
             wheel.writestr(f"nvidia/dali/backend_impl.cpython-{tag}-x86_64-linux-gnu.so", tag)
     wheel_of("makefun", wheels)
     result = subprocess.run([PACK, "--wheels", str(wheels), "--parts", str(suite_plan.DALI_PARTS)], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=timeout_for(120))
     assert result.returncode == 0 and result.stderr == "", result.stdout + result.stderr
     assert "2 wheels" in result.stdout and f"in {suite_plan.DALI_PARTS} parts" in result.stdout
     assert sorted(path.name for path in (tmp_path / ".carry").iterdir()) == [
@@ -245,7 +245,7 @@ def test_the_packer_keeps_one_python_and_its_parts_rejoin_into_the_checked_tar(t
     assert not [name for name in names if "backend_impl.cpython-31" in name and "-312-" not in name]
     # A count other than the plan's is pointed out.
     result = subprocess.run([PACK, "--wheels", str(wheels), "--parts", "2"], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=120)
+                            text=True, timeout=timeout_for(120))
     assert result.returncode == 0 and f"carries DALI_PARTS = {suite_plan.DALI_PARTS} parts, not 2" in result.stderr
     assert sorted(path.name for path in (tmp_path / ".carry").iterdir()) == ["1", "2"]
 
@@ -255,7 +255,7 @@ def test_every_command_of_the_multi_gpu_plan_runs_on_a_bare_machine(machine):
     and the scaling stage runs its CPU preset at one rank."""
     _, run = machine
     result = subprocess.run([os.path.join(ROOT, "benchmarks", "gpu_suite.sh"), "--plan", "--gpus", "4"], cwd=ROOT,
-                            env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=120)
+                            env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=timeout_for(120))
     commands = re.findall(r"^ *\d+\. (.+?): budget \d+ s, about \d+ s; carry (.+?); timeout_s \d+ \(fits\)\n    \$ (.+)$",
                           result.stdout, flags=re.M)
     assert [what for what, _, _ in commands] == ["stage preflight", "stage multi-gpu", "stage scaling"]

@@ -13,7 +13,7 @@ import tarfile
 import time
 
 from benchmarks import ladder, suite_plan
-from conftest import ROOT
+from conftest import ROOT, timeout_for
 
 SUITE = os.path.join(ROOT, "benchmarks", "gpu_suite.sh")
 STAGES = ["preflight", "ladder", "profiles", "tests-gpu", "tests-compile", "tests-distributed", "scaling", "dali",
@@ -32,7 +32,7 @@ def script_commands():
 
 def plan_output(*args):
     result = subprocess.run([SUITE, "--plan", *args], cwd=ROOT, env={**os.environ, "PYTHON": sys.executable},
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=timeout_for(120))
     return result.returncode, result.stdout + result.stderr
 
 
@@ -197,7 +197,7 @@ def test_a_stage_that_cannot_fit_is_reported():
 
 
 def test_help_prints_the_usage():
-    result = subprocess.run([SUITE, "--help"], capture_output=True, text=True, timeout=30)
+    result = subprocess.run([SUITE, "--help"], capture_output=True, text=True, timeout=timeout_for(30))
     assert result.returncode == 0 and result.stderr == ""
     assert result.stdout.startswith("The tutorial's GPU measurements and checks, in stages, on the GPU this runs on")
     for stage in STAGES:
@@ -206,7 +206,7 @@ def test_help_prints_the_usage():
     assert "On a remote GPU machine with a time limit" in result.stdout and "lease" not in result.stdout
     assert "set -uo" not in result.stdout
     # No stage named: all of them, on this machine's GPU; without one, refused before anything runs.
-    bare = subprocess.run([SUITE], capture_output=True, text=True, timeout=30,
+    bare = subprocess.run([SUITE], capture_output=True, text=True, timeout=timeout_for(30),
                           env={**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""})
     assert bare.returncode == 2 and "sees no CUDA GPU, and stage ladder measures one" in bare.stderr
     assert bare.stdout == ""
@@ -228,7 +228,7 @@ def packed(tmp_path, stage):
 
 def test_the_preflight_stage_packs_what_it_wrote(tmp_path):
     process = suite(tmp_path, "preflight")
-    output, _ = process.communicate(timeout=180)
+    output, _ = process.communicate(timeout=timeout_for(180))
     assert process.returncode == 0, output
     files = packed(tmp_path, "preflight")
     [log] = [name for name in files if name.startswith("gpu_suite-preflight-")]
@@ -238,7 +238,7 @@ def test_the_preflight_stage_packs_what_it_wrote(tmp_path):
 
 def test_a_step_that_cannot_finish_inside_the_budget_is_not_started_and_the_stage_still_packs(tmp_path):
     process = suite(tmp_path, "preflight", STAGE_LIMIT="40")  # 25 s left after packing's reserve: < 40 s
-    output, _ = process.communicate(timeout=60)
+    output, _ = process.communicate(timeout=timeout_for(60))
     assert process.returncode == 1
     # 25 s left, or 24 if the stage's start took over a second (a loaded machine)
     assert re.search(r"step preflight not run: 2[45] s left of the stage's budget, and it needs about 40 s", output)
@@ -258,7 +258,7 @@ def test_the_archive_fits_what_the_machine_returns_leaving_out_the_largest_files
     room = 60 * 1024 * 1024 - sum(path.stat().st_size for path in out.iterdir())
     assert room == 900
     process = suite(tmp_path, "preflight")
-    output, _ = process.communicate(timeout=180)
+    output, _ = process.communicate(timeout=timeout_for(180))
     assert process.returncode == 0, output
     archive = out / "gpu_suite_preflight.tgz"
     assert archive.stat().st_size <= room and len(list(out.iterdir())) == 8
@@ -278,7 +278,7 @@ def test_sigterm_in_the_middle_of_a_step_packs_what_is_done(tmp_path):
             break
     time.sleep(0.5)
     os.kill(process.pid, signal.SIGTERM)
-    output, _ = process.communicate(timeout=60)
+    output, _ = process.communicate(timeout=timeout_for(60))
     assert process.returncode == 143, "".join(lines) + output
     assert "SIGTERM received" in output and "packing what is done" in output
     [log] = [text for name, text in packed(tmp_path, "preflight").items() if name.startswith("gpu_suite-")]

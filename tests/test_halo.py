@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import ROOT, free_port
+from conftest import ROOT, free_port, timeout_for
 from networks.UNet import UNet
 from utils import distributed, halo
 from utils.distributed import DomainMesh, World
@@ -23,7 +23,7 @@ from utils.errors import UserError
 WORKER = os.path.join(ROOT, "tests", "domain_worker.py")
 
 
-def run_ranks(scenario, mesh, out_dir, world_size=2, timeout=300):
+def run_ranks(scenario, mesh, out_dir, world_size=2, timeout=timeout_for(300)):
     """Run the worker on ``world_size`` ranks; return every rank's JSON result."""
     port, processes, text = free_port(), [], ",".join(map(str, mesh))
     with contextlib.ExitStack() as stack:

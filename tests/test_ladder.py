@@ -11,7 +11,7 @@ import torch
 
 import train
 from benchmarks import ladder
-from conftest import ROOT
+from conftest import ROOT, timeout_for
 
 pytestmark = pytest.mark.slow
 
@@ -33,10 +33,10 @@ def test_gpu_suite_refuses_to_run_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     result = subprocess.run([os.path.join(ROOT, "benchmarks", "gpu_suite.sh"), "ladder"], cwd=ROOT,
-                            env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=60)
+                            env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=timeout_for(60))
     assert result.returncode == 2 and "sees no CUDA GPU" in result.stderr and "--preset cpu" in result.stderr
     bad = subprocess.run([os.path.join(ROOT, "benchmarks", "gpu_suite.sh"), "ladders"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=timeout_for(60))
     assert bad.returncode == 2 and "unknown stage 'ladders'" in bad.stderr
 
 
@@ -50,7 +50,7 @@ def test_the_suite_collects_where_only_the_runtime_requirements_are(tmp_path):
     env = {key: value for key, value in os.environ.items() if key != "CI"}  # CI must have them all
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(missing), env.get("PYTHONPATH")]))
     result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_for(120))
     assert result.returncode == 0, result.stdout[-3000:]
     assert "tests/test_notebook.py" in result.stdout and "skipped" in result.stdout.lower()
 

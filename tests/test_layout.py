@@ -4,8 +4,12 @@ main stays one screenful."""
 import ast
 import glob
 import os
+import re
+import time
 
-from conftest import ROOT
+import pytest
+
+from conftest import ROOT, TIMEOUT_FACTOR, run_with_estimate, timeout_for
 
 # Each module of utils/ and the modules of utils/ it may import. A new edge is a design decision:
 # add it here with the reason, or pass the value in from the caller instead.
@@ -72,6 +76,61 @@ def test_utils_modules_import_each_other_only_along_the_listed_edges():
         assert imported <= allowed, f"utils/{name}.py imports {sorted(imported - allowed)} sideways"
 
 
+def test_utils_imports_point_downward():
+    """The listed edges have no circle: each module imports only modules below it."""
+    placed, left = set(), dict(UTILS_IMPORTS)
+    while left:
+        ready = {name for name, imports in left.items() if imports - {name} <= placed}
+        assert ready, f"the edges of {sorted(left)} go round in a circle"
+        placed |= ready
+        left = {name: imports for name, imports in left.items() if name not in ready}
+
+
+def docstring_map():
+    """``{module: concern}`` from utils/__init__.py's docstring: an indented ``module   what it does`` line
+    under its concern's heading, and how often each module is named."""
+    concern, found = None, []
+    for line in ast.get_docstring(ast.parse(open(os.path.join(ROOT, "utils", "__init__.py")).read())).splitlines():
+        entry = re.match(r"    (\w+)  +\S", line)
+        if entry:
+            found.append((entry.group(1), concern))
+        elif line and not line.startswith(" "):
+            concern = line.lower()
+    return found
+
+
+def docs_map():
+    """``{module: concern}`` from the utils/ table of docs/02-single-device.md's code overview: one row per
+    module, the concern in the first row of its group."""
+    text = open(os.path.join(ROOT, "docs", "02-single-device.md")).read()
+    overview = text.split("## Model, data and code overview")[1].split("\n#")[0]
+    concern, found = None, []
+    for cell, module in re.findall(r"^\| *([^|]*?) *\| \[`utils/(\w+)\.py`\]\(\.\./utils/\2\.py\) \|", overview, re.M):
+        concern = cell.lower() or concern
+        found.append((module, concern))
+    return found
+
+
+def test_the_map_of_utils_names_every_module_once_in_the_docstring_and_the_docs():
+    """A module added to utils/ goes into both maps, under the same concern; a map names no module that
+    does not exist."""
+    modules = {os.path.basename(path)[:-3] for path in glob.glob(os.path.join(ROOT, "utils", "*.py"))} - {"__init__"}
+    problems = []
+    for where, found, line in (
+            ("utils/__init__.py's docstring", docstring_map(), "    {m:<21}what it does"),
+            ("docs/02-single-device.md's code overview", docs_map(),
+             "|  | [`utils/{m}.py`](../utils/{m}.py) | what it does |")):
+        named = [module for module, _ in found]
+        problems += [f"{where} maps no utils/{m}.py: add the line {line.format(m=m)!r} under its concern"
+                     for m in sorted(modules - set(named))]
+        problems += [f"{where} maps {m}, which is not in utils/: remove it" for m in sorted(set(named) - modules)]
+        problems += [f"{where} names {m} twice" for m in sorted({m for m in named if named.count(m) > 1})]
+    in_docstring, in_docs = dict(docstring_map()), dict(docs_map())
+    problems += [f"{m} is under {in_docstring[m]!r} in the docstring but {in_docs[m]!r} in the docs"
+                 for m in sorted(set(in_docstring) & set(in_docs)) if in_docstring[m] != in_docs[m]]
+    assert not problems, "\n".join(problems)
+
+
 def test_train_py_main_is_one_screenful():
     tree = ast.parse(open(os.path.join(ROOT, "train.py")).read())
     main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
@@ -89,7 +148,7 @@ def test_library_modules_answer_help_with_what_they_are():
 
     for module in ("utils.tensorboard_launch", "benchmarks.trials"):
         result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=120)
+                                timeout=timeout_for(120))
         assert result.returncode == 0 and f"{module} has no command line of its own" in result.stdout, module
         assert len(result.stdout.splitlines()) > 3  # the module's docstring first
 
@@ -104,3 +163,53 @@ def test_the_tests_shared_helpers_are_defined_once_in_conftest():
     again = {os.path.basename(path): sorted(functions(path) & shared)
              for path in glob.glob(os.path.join(ROOT, "tests", "*.py")) if not path.endswith("conftest.py")}
     assert {name: helpers for name, helpers in again.items() if helpers} == {}
+
+
+# Timeouts in the tests that are not limits on a hang but what the test checks: they stay as numbers.
+LIMITS_UNDER_TEST = {
+    ("test_benchmark_profiles.py", "test_nsys_is_probed_once_before_the_rungs"): "probe_nsys's own timeout",
+    ("test_benchmark_profiles.py", "test_nsys_and_its_importer_together_end_within_the_limit"): "try_nsys's own timeout",
+    ("test_preflight.py", "test_a_run_past_its_limit_ends_with_all_its_children"): "common.run's own timeout",
+    ("test_signals.py", "test_ctrl_c_during_set_up_prints_one_line_and_writes_nothing"): "ends before the 30-s step",
+    ("test_layout.py", "test_a_train_run_may_take_what_it_estimates_for_itself"): "run_with_estimate's own limit",
+}
+
+
+def test_the_tests_wait_for_hangs_not_for_slowness():
+    """A timeout in a test is a number only where the test checks that limit; every other one is
+    conftest.timeout_for(seconds on an idle machine), so that a loaded machine makes the suite slower, not red."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests", "*.py"))):
+        tree = ast.parse(open(path).read())
+        for function in [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)]:
+            arguments = function.args
+            defaults = [(arg.arg, value) for arg, value in
+                        zip(arguments.args[len(arguments.args) - len(arguments.defaults):], arguments.defaults)]
+            defaults += [(arg.arg, value) for arg, value in zip(arguments.kwonlyargs, arguments.kw_defaults) if value]
+            keywords = [(node.arg, node.value) for node in ast.walk(function) if isinstance(node, ast.keyword)]
+            for name, value in defaults + keywords:
+                if name == "timeout" and isinstance(value, ast.Constant):
+                    found.append((os.path.basename(path), function.name, value.lineno, value.value))
+    numbers = [(*where, line, seconds) for *where, line, seconds in found if tuple(where) not in LIMITS_UNDER_TEST]
+    assert not numbers, "\n".join(f"tests/{name}:{line} ({function}) waits timeout={seconds}: write "
+                                   f"timeout=timeout_for({seconds}) (from conftest), or list it in LIMITS_UNDER_TEST"
+                                   for name, function, line, seconds in numbers)
+    assert {tuple(where) for *where, _, _ in found} == set(LIMITS_UNDER_TEST)  # no stale entry
+
+
+def test_a_train_run_may_take_what_it_estimates_for_itself():
+    """A run that logs train.py's estimate (utils/estimate.py's words) may run TIMEOUT_FACTOR times as long as it
+    says, past the limit it was given; one that says nothing is ended at that limit."""
+    import subprocess
+    import sys
+
+    from utils.estimate import format_duration
+
+    def sleeper(said):
+        return [sys.executable, "-c", f"import time; print({said!r}, flush=True); time.sleep(8)"]
+    says = f"--config=demo would train for about {format_duration(8 / TIMEOUT_FACTOR + 3)} on this CPU: 1 epoch"
+    assert run_with_estimate(sleeper(says), timeout=5).returncode == 0
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_with_estimate(sleeper("Estimated time: seconds"), timeout=5)
+    assert time.monotonic() - started < 8

@@ -25,7 +25,7 @@ from jupyter_client.utils import run_sync
 from nbclient import NotebookClient
 
 from browser import ensure_chromium
-from conftest import ROOT, run_train
+from conftest import ROOT, run_train, timeout_for
 from utils.errors import UserError
 from utils.tensorboard_launch import (LOGDIR_VARIABLE, default_logdir, is_running, jupyterhub_proxy_url,
                                       open_local, start_tensorboard, stop_tensorboard)
@@ -72,7 +72,7 @@ def kernel_specs(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def running_notebook(kernel_specs, environment, timeout=180):
+def running_notebook(kernel_specs, environment, timeout=timeout_for(180)):
     """Execute the notebook from the repository root; yield everything it printed and its code cells
     with their outputs, kernel still alive.
 
@@ -125,7 +125,7 @@ def notebook_tensorboard(logdir, scratch, kernel_specs):
 
 
 def get(url):
-    with open_local(url, timeout=30) as response:
+    with open_local(url, timeout=timeout_for(30)) as response:
         return response.status, response.read()
 
 
@@ -203,7 +203,7 @@ def test_the_screenshot_tool_makes_the_tutorial_image(logdir, tmp_path):
     out = tmp_path / "images" / "tensorboard_scalars.png"
     own_logdir = os.path.join(logdir, "test", "1CPU")  # so its TensorBoard is told apart from others
     result = subprocess.run([sys.executable, "-m", "figures.tensorboard_screenshot", "--logdir", own_logdir,
-                             "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                             "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(300))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"Wrote {out}" in result.stdout
     check_screenshot(out)
@@ -211,7 +211,7 @@ def test_the_screenshot_tool_makes_the_tutorial_image(logdir, tmp_path):
 
     result = subprocess.run([sys.executable, "-m", "figures.tensorboard_screenshot", "--logdir", own_logdir,
                              "--out", str(tmp_path / "none.png"), "--tag", "Loss/none", "--timeout", "10"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+                            cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(300))
     assert result.returncode == 2 and "Loss/valid" in result.stderr  # names the tags there are
     assert not (tmp_path / "none.png").exists() and not tensorboards_serving(own_logdir)
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from benchmarks import scaling
-from conftest import ROOT
+from conftest import ROOT, timeout_for
 from benchmarks import plot_scaling
 from figures import tutorial_images as figures
 
@@ -103,7 +103,7 @@ def test_missing_files_are_refused_with_one_paragraph_and_cpu_ranks_are_named_so
     """As the README's command runs before any sbatch loop wrote its files: the glob stays unexpanded."""
     command = [sys.executable, "-m", "benchmarks.plot_scaling", "--ddp", "scaling/ddp_*.json", "--out",
                str(tmp_path / "scaling.png")]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(120))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.startswith("error: scaling/ddp_*.json does not exist.")
     assert not (tmp_path / "scaling.png").exists()
@@ -111,6 +111,6 @@ def test_missing_files_are_refused_with_one_paragraph_and_cpu_ranks_are_named_so
     path = tmp_path / "ddp_1.json"
     path.write_text(json.dumps({"nranks": 1, "device": "cpu", "FULL": {"trial_throughput": [10.0]}}))
     result = subprocess.run(command[:4] + [str(path), *command[5:]], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120)
+                            timeout=timeout_for(120))
     assert result.returncode == 0, result.stderr
     assert "| CPU ranks |" in result.stdout and "GPU" not in result.stdout, result.stdout

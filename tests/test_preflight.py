@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from benchmarks import ladder, preflight
-from conftest import ROOT
+from conftest import ROOT, timeout_for
 
 
 def test_the_cpu_half_runs_and_names_what_it_skipped(tmp_path):
@@ -17,7 +17,7 @@ def test_the_cpu_half_runs_and_names_what_it_skipped(tmp_path):
         pytest.skip("this machine has a GPU: the GPU half runs instead")
     out = tmp_path / "preflight.json"
     result = subprocess.run([sys.executable, "-m", "benchmarks.preflight", "--out_dir", str(tmp_path)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=timeout_for(120))
     assert result.returncode == 0, result.stdout + result.stderr
     printed = [line for line in result.stdout.splitlines() if line.startswith("preflight: ")]
     assert printed[0].startswith(f"preflight: torch {torch.__version__}, CUDA None, cuDNN none")
@@ -92,7 +92,7 @@ def test_each_check_is_written_as_it_finishes(tmp_path):
                             ("preflight: torch profiler", "profiler")):
             if text.startswith(prefix):
                 seen[key] = json.loads(out.read_text())  # read at once, while the preflight goes on
-    assert process.wait(timeout=120) == 0
+    assert process.wait(timeout=timeout_for(120)) == 0
     assert "shm_free_gb" in seen["shm_free_gb"] and "profiler" not in seen["shm_free_gb"]
     assert "compile_problem" in seen["compile_problem"] and "passed" not in seen["compile_problem"]
     assert "profiler" in seen["profiler"] and "dali" not in seen["profiler"]
@@ -122,7 +122,7 @@ def test_a_file_for_the_output_folder_is_refused_in_one_paragraph(tmp_path):
     taken = tmp_path / "taken"
     taken.write_text("a file of the user's\n")
     result = subprocess.run([sys.executable, "-m", "benchmarks.preflight", "--out_dir", str(taken)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=timeout_for(120))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     message = " ".join(result.stderr.split())  # wrapped to the terminal's width
     assert "is a file, not a folder" in message and "Pass --out_dir=<a folder>" in message

@@ -9,7 +9,7 @@ import sys
 import termios
 import time
 
-from conftest import ROOT
+from conftest import ROOT, timeout_for
 from utils.progress import Progress
 
 
@@ -75,7 +75,7 @@ def test_a_run_on_a_terminal_draws_bars_for_training_and_validation(data_files, 
         if not chunk:
             break
         drawn += chunk
-    stdout = process.communicate(timeout=300)[0]
+    stdout = process.communicate(timeout=timeout_for(300))[0]
     os.close(main_end)
     assert process.returncode == 0, stdout[-3000:] + drawn.decode(errors="replace")[-3000:]
     drawn = drawn.decode(errors="replace")

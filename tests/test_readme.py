@@ -25,7 +25,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import ROOT, dali_installed, needs_dali
+from conftest import ROOT, dali_installed, needs_dali, timeout_for
 from readme_commands import copy_data, make_scratch, readme_commands, shell_line, tutorial_text, tutorial_texts
 from utils.generate_data import generate_box, write_h5
 
@@ -738,7 +738,7 @@ def write_tiny_benchy_config(path):
 
 
 def run_shell(line, scratch, env):
-    return subprocess.run(["bash", "-c", line], cwd=scratch, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(["bash", "-c", line], cwd=scratch, env=env, capture_output=True, text=True, timeout=timeout_for(300))
 
 
 def command_id(command, limit=90):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from benchmarks import scaling_model as model
-from conftest import ROOT
+from conftest import ROOT, timeout_for
 from networks.UNet import UNet
 
 # A node of 4 GPUs, 100 GB/s within it, 10 GB/s per node between nodes, no latency, no loader bound.
@@ -181,7 +181,7 @@ def test_the_buckets_are_those_of_a_real_ddp():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     result = subprocess.run([sys.executable, "-c", DDP_BUCKETS, str(port)], cwd=ROOT, capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"})
+                            timeout=timeout_for(300), env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     counts = {int(cap): n for cap, n in json.loads(result.stdout.splitlines()[-1]).items()}
     network = model.unet(8, False, 32)

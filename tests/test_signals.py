@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, SIGNAL_DURING_STEP, run_train
+from conftest import ROOT, SIGNAL_DURING_STEP, run_train, timeout_for
 from utils import get_data_loader_distributed
 from utils.YParams import YParams
 
@@ -38,7 +38,7 @@ def test_loader_workers_leave_stop_signals_to_the_main_process(data_files, start
     # The main process's own SIGTERM still ends a worker, quietly: it ends them so at exit.
     for worker in workers:
         worker.terminate()
-        worker.join(timeout=30)
+        worker.join(timeout=timeout_for(30))
         assert worker.exitcode == 0
 
 
@@ -57,7 +57,7 @@ def signal_the_whole_job(args, signum):
             assert process.poll() is None and time.time() < deadline, process.communicate()
             time.sleep(0.02)
         os.killpg(process.pid, signum)  # the main process and every loader worker
-        stdout, stderr = process.communicate(timeout=120)
+        stdout, stderr = process.communicate(timeout=timeout_for(120))
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
@@ -118,7 +118,7 @@ def test_a_second_ctrl_c_exits_at_once_and_keeps_the_last_checkpoint(data_files,
         time.sleep(1.5)  # a person's second Ctrl-C, not the same one passed on by torchrun
         process.send_signal(signal.SIGINT)
         start = time.time()
-        stdout, stderr = process.communicate(timeout=30)
+        stdout, stderr = process.communicate(timeout=timeout_for(30))
         stdout = before + stdout
     finally:
         if process.poll() is None:

@@ -28,7 +28,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import ROOT, free_port
+from conftest import ROOT, free_port, timeout_for
 from readme_commands import tutorial_text
 
 pytestmark = pytest.mark.slow
@@ -57,13 +57,13 @@ class Job:
         self.env = {**slurm, "CONTAINER": "none", "LOG_DIR": str(self.log_dir), "MASTER_PORT": str(free_port()),
                     **env}
         result = subprocess.run(["sbatch", "--parsable", "-o", str(tmp_path / "%x-%j.out"), *flags, SUBMIT, *args],
-                                cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=60)
+                                cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout_for(60))
         assert result.returncode == 0, f"sbatch failed: {result.stderr}"
         self.id = result.stdout.strip().split(";")[0]
         self.out = tmp_path / f"unet-{self.id}.out"
 
     def scontrol(self, *args):
-        return subprocess.run(["scontrol", *args], env=self.env, capture_output=True, text=True, timeout=30)
+        return subprocess.run(["scontrol", *args], env=self.env, capture_output=True, text=True, timeout=timeout_for(30))
 
     def info(self):
         """Fields of `scontrol show job` (JobState, Restarts, ExitCode, ...)."""
@@ -81,7 +81,7 @@ class Job:
             if until(info) if until else info.get("JobState") in FINAL_STATES:
                 return info
             if time.time() > deadline:
-                subprocess.run(["scancel", self.id], env=self.env, timeout=30)
+                subprocess.run(["scancel", self.id], env=self.env, timeout=timeout_for(30))
                 pytest.fail(f"job {self.id} not done after {timeout} s ({info.get('JobState')}, "
                             f"{info.get('Reason')}); its output:\n{self.output()[-6000:]}")
             time.sleep(0.5)
@@ -107,7 +107,7 @@ def assert_completed(job, info):
 
 def test_two_gloo_ranks_train_under_sbatch(slurm, data_dir, tmp_path):
     job = Job(slurm, tmp_path, ["-n", "2", *NEUTRAL], ["--config=test", "--device=cpu"], **data_dir)
-    info = job.wait(timeout=240)
+    info = job.wait(timeout=timeout_for(240))
     assert_completed(job, info)
     output = job.output()
     run_dir = job.run_dir()  # no --run_num: the run is named after the job id
@@ -132,7 +132,7 @@ def test_arguments_reach_train_py_intact(slurm, data_dir, tmp_path):
     args = ["--config=test", "--device=cpu", f"--run_num={name}", "--num_epochs", "1"]
     job = Job(slurm, tmp_path, ["-n", "2", *NEUTRAL], args, **data_dir)
     try:
-        assert_completed(job, job.wait(timeout=240))
+        assert_completed(job, job.wait(timeout=timeout_for(240)))
         assert not os.path.exists(marker), "an argument was executed by a shell"
     finally:
         if os.path.exists(marker):
@@ -162,18 +162,18 @@ def test_time_limit_checkpoints_requeues_and_resumes(slurm, data_dir, tmp_path):
     job = Job(slurm, tmp_path, ["-n", "2", *NEUTRAL, "--time=10"], args, **data_dir)
     run_dir = job.run_dir()
 
-    job.wait(timeout=180, until=lambda info: (run_dir / "checkpoint.pt").exists()
+    job.wait(timeout=timeout_for(180), until=lambda info: (run_dir / "checkpoint.pt").exists()
              or info.get("JobState") in FINAL_STATES)
     assert job.info()["JobState"] == "RUNNING", job.output()[-6000:]
     assert job.scontrol("update", f"JobId={job.id}", f"TimeLimit={math.ceil(lead / 60)}").returncode == 0
 
-    info = job.wait(timeout=180, until=lambda info: info.get("Restarts") == "1"
+    info = job.wait(timeout=timeout_for(180), until=lambda info: info.get("Restarts") == "1"
                     or info.get("JobState") in FINAL_STATES)
     assert info["Restarts"] == "1", (f"not requeued ({info['JobState']}); if training ended before the warning, "
                                      f"this CPU is fast: raise --Nsamples here.\n{job.output()[-6000:]}")
     assert job.scontrol("update", f"JobId={job.id}", "TimeLimit=10").returncode == 0
 
-    info = job.wait(timeout=240)
+    info = job.wait(timeout=timeout_for(240))
     assert_completed(job, info)
     assert info["Restarts"] == "1"
     output = job.output()  # both attempts: the script appends (--open-mode=append)
@@ -190,7 +190,7 @@ def test_time_limit_checkpoints_requeues_and_resumes(slurm, data_dir, tmp_path):
 def test_run_outside_slurm_prints_usage(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     result = subprocess.run(["bash", SUBMIT, "--config=test"], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=30)
+                            text=True, timeout=timeout_for(30))
     assert result.returncode != 0
     assert "not running under Slurm" in result.stderr and "sbatch -n 4 ./submit_pm.sh" in result.stderr
     assert "CONTAINER" in result.stderr and "DATA_DIR" in result.stderr  # the usage text
@@ -206,7 +206,7 @@ def test_bad_input_stops_before_any_rank(slurm, data_dir, tmp_path, env, message
     if "PATH" in env and shutil.which("nsys", path=env["PATH"]):
         pytest.skip("nsys is installed here")
     job = Job(slurm, tmp_path, ["-n", "1", *NEUTRAL], ["--config=test", "--device=cpu"], **{**data_dir, **env})
-    info = job.wait(timeout=120)
+    info = job.wait(timeout=timeout_for(120))
     output = job.output()
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "2:0"), output
     assert "submit_pm.sh: error: " in output and message in output, output
@@ -222,7 +222,7 @@ LONG_RUN = ["--config=test", "--device=cpu", "--Nsamples=256", "--num_epochs=6",
             "--global_batch_size=8", "--val_metrics=false"]
 
 
-def when_checkpointed(job, run_dir, timeout=180):
+def when_checkpointed(job, run_dir, timeout=timeout_for(180)):
     """Wait until the run's first checkpoint exists (training is under way); fail if the job ended first."""
     job.wait(timeout=timeout, until=lambda info: (run_dir / "checkpoint.pt").exists()
              or info.get("JobState") in FINAL_STATES)
@@ -237,7 +237,7 @@ def test_two_nodes_train_as_one_node_does(slurm, data_dir, tmp_path):
     two = Job(slurm, tmp_path / "two", TWO_NODES, args, **data_dir)
     one = Job(slurm, tmp_path / "one", ONE_NODE, args, **data_dir)
     for job in (two, one):
-        assert_completed(job, job.wait(timeout=240))
+        assert_completed(job, job.wait(timeout=timeout_for(240)))
     output = two.output()
     assert "2 rank(s) on node[1-2], MASTER_ADDR=node1:" in output
     assert ranks_on(output) == [("0", "0", "node1"), ("1", "0", "node2")]  # LOCAL_RANK 0 on each node
@@ -263,7 +263,7 @@ def test_two_nodes_share_each_sample_as_one_process_trains_it(slurm, data_dir, t
     two = Job(slurm, tmp_path / "two", TWO_NODES, [*DOMAIN_RUN, "--domain_mesh=[2,1,1]"], **data_dir)
     one = Job(slurm, tmp_path / "one", ONE_RANK, DOMAIN_RUN, **data_dir)
     for job in (two, one):
-        assert_completed(job, job.wait(timeout=240))
+        assert_completed(job, job.wait(timeout=timeout_for(240)))
     output = two.output()
     assert ranks_on(output) == [("0", "0", "node1"), ("1", "0", "node2")]
     assert "Domain parallel: mesh [2, 1, 1], 1 data-parallel group(s) of 2 ranks; rank 0 holds block [0, 0, 0]" \
@@ -305,9 +305,9 @@ def test_two_nodes_stop_requeue_and_resume_to_the_same_result(slurm, data_dir, t
     cut = Job(slurm, tmp_path / "cut", TWO_NODES, LONG_RUN, **data_dir)
     when_checkpointed(cut, cut.run_dir())
     warning = subprocess.run(["scancel", "--signal=USR1", "--batch", cut.id], env=cut.env, capture_output=True,
-                             text=True, timeout=30)
+                             text=True, timeout=timeout_for(30))
     assert warning.returncode == 0, warning.stderr
-    info = cut.wait(timeout=240)
+    info = cut.wait(timeout=timeout_for(240))
     assert_completed(cut, info)
     assert info["Restarts"] == "1", cut.output()[-6000:]
     output = cut.output()  # both attempts
@@ -317,7 +317,7 @@ def test_two_nodes_stop_requeue_and_resume_to_the_same_result(slurm, data_dir, t
     log = (cut.run_dir() / "out.log").read_text()
     assert re.search(r"Stopped at step \d+ \(epoch \d+\) with a checkpoint", log), log[-3000:]
     assert re.search(r"Resumed from .*checkpoint\.pt at epoch \d+, step \d+\.", log), log[-3000:]
-    assert_completed(whole, whole.wait(timeout=240))
+    assert_completed(whole, whole.wait(timeout=timeout_for(240)))
     (step, final), (same_step, same_final) = (scalars(job.run_dir(), "Loss/valid")[-1] for job in (cut, whole))
     assert step == same_step == 6 * 32 and final == pytest.approx(same_final, rel=1e-5, abs=1e-7)
 
@@ -330,7 +330,7 @@ def test_two_nodes_a_killed_rank_ends_the_job_instead_of_hanging_it(slurm, data_
     [pid] = [pid for pid, rank in rank_processes(job.id) if rank == "1"]
     os.kill(int(pid), signal.SIGKILL)
     killed = time.time()
-    info = job.wait(timeout=120)
+    info = job.wait(timeout=timeout_for(120))
     assert time.time() - killed < 60 + 30  # the timeout, and Slurm's time to notice the job's end
     output = job.output()
     assert info["JobState"] == "FAILED", output[-6000:]
@@ -364,7 +364,7 @@ def test_the_allreduce_sweep_between_two_nodes(slurm, tmp_path):
     result = subprocess.run(["sbatch", "--parsable", "--wait", "-o", str(tmp_path / "%x-%j.out"), *TWO_NODES,
                              os.path.join(ROOT, "tests", "slurm", "allreduce.sh"), "--min_bytes", "64K",
                              "--max_bytes", "1M", "--iters", "3", "--warmup", "1", "--out", str(out)],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_for(300))
     job_id = result.stdout.strip().split(";")[0]
     output = (tmp_path / f"unet-allreduce-{job_id}.out").read_text()
     assert result.returncode == 0, output[-6000:] + result.stderr

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, timeout_for
 from utils.distributed import World
 from utils.logging_utils import TensorBoard
 from utils.step_spread import StepSpread
@@ -112,7 +112,7 @@ def test_train_py_names_the_straggler_and_the_starved_rank_from_one_gather_an_ep
                "--run_num=straggler", "--global_batch_size=3", "--num_epochs=2", "--val_metrics=false"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TEST_STRAGGLER_RANK": str(STRAGGLER),
            "TEST_STARVED_RANK": str(STARVED), "TEST_STRAGGLER_SLEEP_S": str(SLEEP_S), "TEST_GATHER_COUNTS": str(counts)}
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(600), env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run_dir = tmp_path / "test" / "3CPU" / "straggler"
     log = (run_dir / "out.log").read_text()

@@ -12,7 +12,7 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import ROOT, SIGNAL_DURING_STEP, run_train
+from conftest import ROOT, SIGNAL_DURING_STEP, run_train, timeout_for
 
 pytestmark = pytest.mark.slow
 SCALARS = {"Loss/train", "Loss/valid", "Learning Rate", "Avg iters per sec"}
@@ -94,7 +94,7 @@ def start_and_interrupt(args, run_dir, signum):
         assert process.poll() is None and time.time() < deadline, process.communicate()[0]
         time.sleep(0.05)
     process.send_signal(signum)
-    output = process.communicate(timeout=120)[0]
+    output = process.communicate(timeout=timeout_for(120))[0]
     return process.returncode, output
 
 
@@ -158,7 +158,7 @@ def test_a_signal_anywhere_in_an_epoch_resumes_cleanly(data_files, tmp_path, nsa
     run_train([*args, "--run_num=whole"])
     stopped = subprocess.run([sys.executable, "-c", script, *args, "--run_num=cut"], cwd=ROOT,
                              env={**os.environ, "SIGNAL_AT": str(signal_at)}, capture_output=True, text=True,
-                             timeout=120)
+                             timeout=timeout_for(120))
     assert stopped.returncode == 128 + signal.SIGUSR1, stopped.stdout[-3000:] + stopped.stderr[-3000:]
     run_dir = tmp_path / "test" / "1CPU" / "cut"
     assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["position"] == saved

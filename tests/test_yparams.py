@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import timeout_for
 from readme_commands import tutorial_text
 from utils.YParams import YParams, load_params, parse_command_line, read_yaml
 from utils.errors import UserError
@@ -149,7 +150,7 @@ def test_a_config_file_missing_because_of_the_working_folder(tmp_path, monkeypat
 @pytest.mark.parametrize("script, flag", [("train.py", "--help"), ("train.py", "-h"), ("train_graph.py", "--help")])
 def test_help_lists_every_option_with_its_value(script, flag, tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / script), "--config=demo", flag], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=timeout_for(120))
     assert result.returncode == 0 and result.stderr == "", result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == f"usage: python {script} [--config=NAME] [--key=value | --key value | --flag] ..."

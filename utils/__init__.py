@@ -2,6 +2,54 @@
 
 The loader modules are imported only when asked for, so that optional dependencies of one
 loader kind are never needed by another.
+
+utils/ is one folder of small modules, one concern each, where the original tutorial's names
+(data_loader, data_loader_dali, YParams, logging_utils, and this package's two functions) keep
+their place. The map below finds a concern's modules; docs/02-single-device.md's code overview
+holds the same map, and tests/test_layout.py checks that both name every module exactly once and
+which modules may import which.
+
+Data
+    data_loader          the crop specification every loader follows; synthetic, inmem, lowmem
+    data_loader_gpu      the gpu-inmem loader: both volumes on the device, crops cut there
+    data_loader_dali     the dali-lowmem loader: DALI reads .npy crops and augments on the GPU
+    symmetry             the cube's 48 symmetries, applied to scalar and vector fields
+    prefetch             the device prefetcher: the next batch copied on a side stream
+Training step
+    optim                precision and optimiser choices, resolved once before the loop
+    losses               the training loss: L1, plus an optional L1 on the gas density
+    accumulation         gradient accumulation: one optimiser step over K micro-batches
+    compiler             whether torch.compile can build here, asked before a run relies on it
+    exact_forms          exact faster forms of the first and the transposed convolutions, same parameters
+    out_of_memory        a CUDA out-of-memory in a step or validation, told in one paragraph with the fixes
+Parallelism
+    distributed          process group, DDP and FSDP, a lost rank; the domain mesh
+    halo                 domain parallelism's halo exchange around each convolution
+Performance measurement
+    benchy               benchy's IO, SYNTHETIC and FULL trials, and the MFU
+    flops                FLOPs per sample, the GPU's peak FLOP/s, model FLOP utilisation
+    conv3d               the 3-D convolutions' health check at the start of every run
+    profiling            NVTX ranges, the profiling window, CUDA memory snapshots
+    step_spread          each rank's step time and data wait, gathered once an epoch: the straggler
+    noise                when repeated timing trials can rank what they measured
+Run management
+    checkpoint           atomic checkpoints and resume
+    signals              stop signals and Ctrl-C: every rank stops at the same step
+    files                the atomic file write
+    runs                 run directories; config.yaml as the record of what ran
+    estimate             the run's time estimated before it trains; the CPU refusal
+    progress             progress through an epoch or a validation, on rank 0
+    logging_utils        log lines (screen and out.log) and TensorBoard, on rank 0
+    preview              the preview image after each validation
+Configuration and errors
+    YParams              a named config from config/UNet.yaml, --key=value overrides
+    errors               UserError: one clear paragraph instead of a traceback
+Validation and physics
+    metrics              validation metrics: L1 per field, correlations, power spectra
+Tools
+    generate_data        python -m utils.generate_data: the synthetic data set
+    convert_h5_to_npy    python -m utils.convert_h5_to_npy: the channel-last .npy copy for DALI
+    tensorboard_launch   the notebook's TensorBoard launcher
 """
 import math
 
