@@ -498,7 +498,6 @@ def main(argv=None, make_step=None, graph_capture=False):
     step_fn = (make_step or default_step)(model, optimizer, loss_fn, precision, params)
     spread = step_spread(model, device, world)  # each rank's own step and data wait, gathered once an epoch
     step_fn = guard_out_of_memory(spread.timed(step_fn), "a training step", params, world, device, run_dir)
-    train_move = spread.timed_copy(move)
     model = compile_model(model, params)
     stop = StopSignals(world, device)  # from here on, Ctrl-C and SIGTERM stop at the next step
     progress = Progress(enabled=world.is_main)  # a bar on a terminal, else a log line every minute
@@ -525,7 +524,7 @@ def main(argv=None, make_step=None, graph_capture=False):
             remaining = len(train_loader)  # fewer batches after a resume; a trial's under benchy
             start = time.time()
             losses = train_one_epoch(step_fn, progress(spread.waited(train_loader), f"epoch {epoch + 1}"), optimizer,
-                                     schedule, position.step, train_move, stop, profiling)
+                                     schedule, position.step, spread.timed_copy(move), stop, profiling)
             position = position.advanced(len(losses))
             check_finite(losses, position.step, run_dir, world)  # waits for the device
             elapsed = time.time() - start

@@ -126,7 +126,7 @@ def test_fsdp_gathers_the_weights_again_for_a_later_micro_batch_only_for_its_bac
     worker, counts_path = tmp_path / "worker.py", tmp_path / "counts.json"
     worker.write_text(ALL_GATHER_WORKER)
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             str(worker), str(counts_path)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                             str(worker), str(counts_path)], cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(600),
                             env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     counts = json.loads(counts_path.read_text())

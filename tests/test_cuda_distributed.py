@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import test_distributed
-from conftest import ROOT, SIGNAL_DURING_STEP, needs_cuda
+from conftest import ROOT, SIGNAL_DURING_STEP, needs_cuda, timeout_for
 from test_accumulation import assert_one_all_reduce_per_bucket
 from test_distributed import assert_matches_reference, load, logs, ranks
 from test_domain_parallel import assert_same_training, checkpoint
@@ -97,7 +97,7 @@ def exchange_halos(out_dir, env):
             patch.setenv(name, value)
         with ranks("halo_exchange", out_dir, timeout_s=30) as processes:
             for process in processes:
-                process.wait(timeout=120)
+                process.wait(timeout=timeout_for(120))
     assert [p.returncode for p in processes] == [0, 0], logs(out_dir, "halo_exchange")
     return [json.loads((out_dir / f"halo_exchange.rank{rank}.json").read_text()) for rank in (0, 1)]
 
@@ -118,7 +118,7 @@ def cuda_runs(tmp_path_factory):
             out_dir = tmp_path_factory.mktemp(f"cuda_{scenario}")
             with ranks(scenario, out_dir, timeout_s=120) as processes:
                 for process in processes:
-                    process.wait(timeout=400)
+                    process.wait(timeout=timeout_for(400))
             assert [p.returncode for p in processes] == [0, 0], logs(out_dir, scenario)
             out[scenario] = out_dir
         device = dist_worker.ranks_device()
@@ -189,7 +189,7 @@ def torchrun(ranks, expdir, run_num, *args, script=os.path.join(ROOT, "train.py"
     the run is expected to stop at a signal (torchrun then ends non-zero, as one of its workers did)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", script,
                *TRAIN, f"--expdir={expdir}", f"--run_num={run_num}", *args]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=400,
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(400),
                             env={**os.environ, "DIST_BACKEND": "gloo", "OMP_NUM_THREADS": "1"})
     output = result.stdout[-3000:] + result.stderr[-3000:]
     if stopped:
@@ -238,7 +238,7 @@ def test_train_py_refuses_a_domain_mesh_over_gloo_on_the_gpu(data_files, tmp_pat
                os.path.join(ROOT, "train.py"), *TRAIN, f"--train_path={data_files['train']}",
                f"--val_path={data_files['valid']}", f"--expdir={tmp_path}", "--domain_mesh=[2,1,1]",
                "--global_batch_size=2"]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(300),
                             env={**os.environ, "DIST_BACKEND": "gloo"})
     assert result.returncode != 0 and "DIST_BACKEND=gloo cannot exchange the halos" in result.stderr
     assert not (tmp_path / "test").exists()  # refused before anything is written

@@ -161,7 +161,7 @@ def test_the_plan_copies_the_preflights_answer_from_where_the_suite_writes_it():
 def test_the_overview_gives_each_stages_time_from_the_committed_logs():
     """Every stage's time on an H100 is the one its committed log ends with, or "not measured"."""
     output = subprocess.run([sys.executable, "-m", "benchmarks.suite_plan", "--overview", *STAGES], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60).stdout
+                            capture_output=True, text=True, timeout=timeout_for(60)).stdout
     assert re.findall(r"^  ([\w-]+): ", output, flags=re.M) == STAGES
     for stage in STAGES:
         logs = [path for path in sorted(os.listdir(suite_plan.COMMITTED_LOGS))
@@ -182,7 +182,7 @@ def test_a_stage_on_this_machine_says_what_it_measured_and_where_it_went(tmp_pat
     summary of each stage's status, time, log and results."""
     env = {**os.environ, "PYTHON": sys.executable, "RESULTS": str(tmp_path / "results")}
     env.pop("OUT", None)
-    result = subprocess.run([SUITE, "preflight"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    result = subprocess.run([SUITE, "preflight"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_for(180))
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"^  preflight: what the later stages rely on.*\n      results: .*/results/preflight\.json\n"
                      r"      time on an H100: \d+ s, benchmarks/results/gpu_suite/gpu_suite-preflight-", result.stdout,

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, needs_cuda
+from conftest import ROOT, needs_cuda, timeout_for
 from test_profiling import fake_cuda, params_for
 from utils.distributed import World
 from utils.out_of_memory import OutOfMemory, explain, guard_out_of_memory
@@ -153,7 +153,7 @@ def run_out_of_memory_in_epoch_2(data_files, tmp_path, *options, env=()):
         [sys.executable, "-c", OOM_AT_STEP, "--config=test", f"--train_path={data_files['train']}",
          f"--val_path={data_files['valid']}", f"--expdir={tmp_path / 'runs'}", "--run_num=oom", *options],
         cwd=ROOT, env={**os.environ, "OOM_AT": "6", "RUN_DIR": str(run_dir), "BEFORE": str(before), **dict(env)},
-        capture_output=True, text=True, timeout=300)
+        capture_output=True, text=True, timeout=timeout_for(300))
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     [error] = [block for block in result.stderr.split("\n\n") if block.startswith("error: ")]
@@ -199,7 +199,7 @@ def test_an_absurd_local_batch_on_the_gpu_ends_in_one_paragraph(data_files, tmp_
         [sys.executable, os.path.join(ROOT, "train.py"), "--config=test", f"--train_path={data_files['train']}",
          f"--val_path={data_files['valid']}", f"--expdir={tmp_path / 'runs'}", "--device=cuda", "--base_channels=64",
          "--crop_size=32", "--global_batch_size=2048", "--Nsamples=2048", "--Nsamples_val=2048", "--num_epochs=1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(600))
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
     text = " ".join(result.stderr.split())
     assert "Traceback" not in result.stderr and "error: Rank 0 ran out of GPU memory on cuda:0 in " in text, text
