@@ -9,6 +9,7 @@ today's name taken by an earlier run writes beside it, ``<name>-2``, ``-3``, ...
 ``--out_dir`` that holds results is refused unless ``--overwrite``, which replaces them."""
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -196,6 +197,12 @@ def software_text(report):
     if report.get("driver"):
         parts.append(f"driver {report['driver']}")
     return ", ".join(parts)
+
+
+def dali_importable():
+    """Whether ``nvidia.dali`` can be found here, without importing it (the ladder's DALI rung, the
+    profiles' DALI rung)."""
+    return importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
 
 
 def device_name(gpu):

@@ -28,7 +28,6 @@ this PyTorch and cuDNN turn TF32 off for them).
 import argparse
 import datetime
 import functools
-import importlib.util
 import json
 import logging
 import os
@@ -39,13 +38,13 @@ from dataclasses import dataclass
 import torch
 
 import train
-from benchmarks.common import (add_output_options, argument_parser, check_preset, claim_files, device_name,
-                               device_slug, free_name, make_data, outcome, results_folder, run, software,
-                               software_text)
-from benchmarks.preflight import compile_problem
+from benchmarks.common import (add_output_options, argument_parser, check_preset, claim_files, dali_importable,
+                               device_name, device_slug, free_name, make_data, outcome, results_folder, run,
+                               software, software_text)
 from benchmarks.trials import BatchStream, run_trials
 from utils import get_data_loader_distributed
 from utils.YParams import load_params
+from utils.compiler import compile_problem
 from utils.distributed import World, parallelize
 from utils.conv3d import AMP_DTYPES, conv_backends, known_issues, on_cudnn, running_precision
 from utils.errors import exit_on_user_error
@@ -109,11 +108,6 @@ CPU_RUNGS = [
     Rung("inmem, 2 workers", ["--data_loader_config=inmem", "--num_data_workers=2"], step=3),
     Rung("gpu-inmem on CPU tensors", ["--data_loader_config=gpu-inmem"], step=4),
 ]
-
-
-def dali_importable():
-    """Whether ``nvidia.dali`` can be found here, without importing it."""
-    return importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
 
 
 def rungs_for(preset, dali=None, group="all"):

@@ -36,9 +36,9 @@ import time
 
 import torch
 
-from benchmarks.common import (ROOT, add_output_options, argument_parser, check_preset, claim_folder, device_name,
-                               device_slug, free_name, holds_files, make_data, outcome, relative_args, results_folder,
-                               run)
+from benchmarks.common import (ROOT, add_output_options, argument_parser, check_preset, claim_folder, dali_importable,
+                               device_name, device_slug, free_name, holds_files, make_data, outcome, relative_args,
+                               results_folder, run)
 from utils import noise
 from utils.errors import exit_on_user_error
 from utils.profiling import range_name
@@ -255,13 +255,6 @@ def profile_rung(rung, preset, args, common, work_dir, device, nsys=None, nsys_e
     return entry
 
 
-def ladder_dali():
-    """Whether DALI imports here (the ladder's test, which imports nothing)."""
-    from benchmarks.ladder import dali_importable
-
-    return dali_importable()
-
-
 def gpu_rungs(dali):
     """The GPU preset's rungs: the DALI rung last, where DALI imports; where it does not, a line says so."""
     if dali:
@@ -350,7 +343,7 @@ def main(argv=None):
     args.out_dir = args.out_dir or free_name(os.path.join(beside, dated), args, holds_files)
     check_preset(args.preset)
     claim_folder(args.out_dir, args.overwrite, written_here)  # before anything is made, removed or run
-    rungs = [rung for rung in gpu_rungs(ladder_dali()) if args.only in rung[0]] if args.preset == "gpu" else \
+    rungs = [rung for rung in gpu_rungs(dali_importable()) if args.only in rung[0]] if args.preset == "gpu" else \
         [rung for rung in CPU_RUNGS if args.only in rung[0]]
     name = device_name(args.preset == "gpu")
     train_path, val_path = make_data(args.data_dir, preset["box"])
