@@ -24,9 +24,8 @@ def idle_trials(name):
 
 
 def test_busy_trials_are_said_to_be_noise_and_idle_ones_are_not():
-    assert noise.busy_note(BUSY) == ("the trials vary by 68% (SYNTHETIC: 1.34 to 2.64): the machine is busy; "
-                                     "rerun when it is idle")
-    assert noise.busy_note(idle_trials("ddp_1")) is None  # spreads of 4-7%
+    assert noise.busy_line(BUSY) == "the machine was busy: 68% spread (SYNTHETIC 1.34 to 2.64); rerun on an idle machine"
+    assert noise.busy_line(idle_trials("ddp_1")) is None  # spreads of 4-7%
 
 
 def test_an_impossible_order_is_never_printed_as_a_finding():
@@ -36,18 +35,19 @@ def test_an_impossible_order_is_never_printed_as_a_finding():
     # The busy machine's SYNTHETIC (about 2 samples/s) against the idle machine's FULL (84): FULL above
     # SYNTHETIC, and the busy note says why.
     mixed = {"SYNTHETIC": BUSY["SYNTHETIC"], "FULL": idle_trials("ddp_1")["FULL"]}
-    assert noise.order_note(mixed, above).startswith("FULL above SYNTHETIC cannot be: the trials vary by 68%")
-    # Steady trials in the wrong order: the load changed between them.
+    assert noise.order_note(mixed, above) == ("the machine was busy: 68% spread (SYNTHETIC 1.34 to 2.64; FULL above "
+                                              "SYNTHETIC: 84.1 against 1.91); rerun on an idle machine")
+    # Steady trials in the wrong order: the load changed between them, which is the same sign.
     steady = {"SYNTHETIC": idle_trials("ddp_1")["SYNTHETIC"], "FULL": idle_trials("noddp_2")["FULL"]}
-    assert noise.order_note(steady, above) == ("FULL above SYNTHETIC cannot be: the machine's load changed between "
-                                               "the measurements; rerun when it is idle")
+    assert noise.order_note(steady, above) == ("the machine was busy: 6% spread (FULL above SYNTHETIC: 159 against "
+                                               "86.4); rerun on an idle machine")
 
 
 def test_benchy_prints_the_note_under_its_summary_only_when_the_trials_are_noise(capsys):
     benchy.print_summary({kind: {"trial_throughput": trials} for kind, trials in BUSY.items()})
     busy = capsys.readouterr().out.splitlines()
-    assert busy[3] == ("BENCHY::SUMMARY::Noise: the trials vary by 68% (SYNTHETIC: 1.34 to 2.64): the machine is "
-                       "busy; rerun when it is idle. These throughputs rank nothing.")
+    assert busy[3] == ("BENCHY::SUMMARY::Noise: the machine was busy: 68% spread (SYNTHETIC 1.34 to 2.64); rerun on "
+                       "an idle machine. These throughputs rank nothing.")
     benchy.print_summary({kind: {"trial_throughput": trials} for kind, trials in idle_trials("ddp_1").items()})
     assert "Noise" not in capsys.readouterr().out
 
@@ -64,8 +64,8 @@ def test_the_scaling_table_prints_no_overhead_the_trials_cannot_separate_from_ze
     table = plot_scaling.markdown_table({1: 1.91}, {1: 1.13}, "CPU ranks",
                                         {"ddp": {1: [BUSY["SYNTHETIC"]]}, "noddp": {1: [BUSY["FULL"]]}})
     assert "| 1 | 1.9 | - | 1.1 | within noise (trials vary 68%) |" in table
-    assert table.endswith("Not a finding: the trials vary by 68% (ddp at 1: 1.34 to 2.64): the machine is busy; "
-                          "rerun when it is idle.")
+    assert table.endswith("Not a finding: the machine was busy: 68% spread (ddp at 1 1.34 to 2.64); rerun on an "
+                          "idle machine.")
 
 
 def test_profiles_do_not_rank_rungs_whose_steps_overlap():
@@ -84,5 +84,5 @@ def test_profiles_do_not_rank_rungs_whose_steps_overlap():
             {"rung": "gpu_inmem", "step_ms": [5413.959, 4697.401, 6234.471, 4968.054]}]
     assert profiles.ranking_notes(busy) == [
         "", "Not a ranking (the steps' times overlap):", "",
-        "- `gpu_inmem` against `baseline`: the trials vary by 29% (gpu_inmem: 4.7e+03 to 6.23e+03): the machine is "
-        "busy; rerun when it is idle; the table does not rank them."]
+        "- `gpu_inmem` against `baseline`: the machine was busy: 29% spread (gpu_inmem 4.7e+03 to 6.23e+03); rerun on "
+        "an idle machine; the table does not rank them."]
