@@ -350,7 +350,7 @@ def markdown_table(report):
     tables = {name: [entry for entry in report["runs"] if entry.get("table", "ladder") == name] for name in TABLES}
     tables["batch"] = report.get("batch_sweep", [])
     for name, entries in tables.items():
-        if not entries:
+        if not entries and name != "ladder":  # the ladder's header stands even over no rung
             continue
         if len(lines) > 1 or name != "ladder":
             lines += ["", f"{TABLES[name]}:"]

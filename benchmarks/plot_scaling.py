@@ -2,7 +2,7 @@
 
     BENCHY_OUTPUT=scaling/ddp_4 sbatch -n 4 ./submit_pm.sh --config=bs64_opt --enable_benchy --num_epochs 15
     BENCHY_OUTPUT=scaling/noddp_4 sbatch -n 4 ./submit_pm.sh --config=bs64_opt --enable_benchy --num_epochs 15 --noddp
-    python -m benchmarks.plot_scaling --ddp scaling/ddp_*.json --noddp scaling/noddp_*.json --out scaling.png
+    python -m benchmarks.plot_scaling --ddp scaling/ddp_*.json --noddp scaling/noddp_*.json --out scaling/scaling.png
 
 Weak scaling keeps the local batch fixed, so N GPUs should do N times the work of one; strong
 scaling keeps the global batch fixed and splits it, so N GPUs should do the same work N times
