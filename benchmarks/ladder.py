@@ -9,18 +9,24 @@ IO (the loader alone), SYNTHETIC (one cached batch: no loader, but on a GPU a ho
 still copied every step) and FULL (real training), in
 samples/s, with the model FLOP utilisation and the peak GPU memory. The results go to
 ``benchmarks/results/<device>-<date>.json`` (``device``, ``torch``, ``cuda``, ``date``,
-``command``, ``runs``: a list of ``{name, full, synthetic, io, mfu, peak_mem_gb}``), a markdown table
-beside it, and the raw log. Ratios between rungs are only meaningful within one such file. A run
-refuses to write over such files already there (the same device, the same day) before it measures
-anything: pass another ``--out_dir``, or ``--overwrite`` to replace them.
+``command``, ``runs``: a list of ``{name, table, full, synthetic, io, mfu, peak_mem_gb, trials}``,
+``trials`` holding each kind's trials with their mean, median, std, min, max and spread; on a GPU
+``batch_sweep``: the best rung at local batch 64, 128 and 256), markdown tables beside it (the
+ladder, where each rung adds one thing to the one before; the rungs alone; the batch sweep), and
+the raw log. Under the tables, utils/noise.py's line says when the trials cannot rank the rungs
+(a spread over 20%, or FULL above SYNTHETIC or IO), and the CPU preset prints the ratio the
+README asks to compare beside the committed run's. Ratios between rungs are only meaningful
+within one such file. A run refuses to write over such files already there (the same device, the
+same day) before it measures anything: pass another ``--out_dir``, or ``--overwrite`` to replace
+them.
 
 The data set is the synthetic one (a 256^3 training box on a GPU), made first if it is missing.
 
 Each rung is measured in a process of its own (``python -m benchmarks.ladder --measure_rung ...``,
 its output in the log): a rung that ends in a sticky CUDA error (an illegal address, a device-side
 assert) or runs out of memory cannot take the rungs after it. ``--group`` measures a part of the
-ladder (``gpu``: the GPU-resident rungs; ``loaders``: DALI's and the host loaders'). Where the
-dispatcher says that a rung's 3-D convolutions leave cuDNN here (utils/conv3d.py: several times
+ladder (``gpu``: the GPU-resident rungs, or a part of them, ``ladder`` with the batch sweep or
+``alone``; ``loaders``: DALI's and the host loaders'). Where the dispatcher says that a rung's 3-D convolutions leave cuDNN here (utils/conv3d.py: several times
 slower), the rung is measured with one trial of at most 5 batches and marked in the table; its
 MFU, like every rung's, is against the peak of the precision its convolutions run in (fp32 where
 this PyTorch and cuDNN turn TF32 off for them).
