@@ -86,7 +86,7 @@ def test_profiles_do_not_rank_rungs_whose_steps_overlap():
             {"rung": "gpu_inmem", "step_ms": [5413.959, 4697.401, 6234.471, 4968.054]}]
     assert profiles.ranking_notes(busy) == [
         "", "Not a ranking (the steps' times overlap):", "",
-        "- `gpu_inmem` against `baseline`: the machine was busy: 29% spread (gpu_inmem 4.7e+03 to 6.23e+03); rerun on "
+        "- `gpu_inmem` against `baseline`: the machine was busy: 29% spread (gpu_inmem 4697 to 6234); rerun on "
         "an idle machine; the table does not rank them."]
 
 

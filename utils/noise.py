@@ -45,6 +45,11 @@ def summary(trials):
             "std": statistics.pstdev(trials), "min": min(trials), "max": max(trials), "spread": spread(trials)}
 
 
+def number(value):
+    """A trial's value in a line: three significant digits ("1.34", "590"), whole units from 1000 up ("2190")."""
+    return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+
+
 def spread_text(trials):
     """The spread as a table prints it: "4%", or "-" for a single trial."""
     trials = list(trials)
@@ -74,7 +79,7 @@ def broken_orders(measurements, above=()):
         if measurements.get(high) and measurements.get(low):
             mean_high, mean_low = statistics.fmean(measurements[high]), statistics.fmean(measurements[low])
             if mean_low > mean_high:
-                broken.append(f"{order_text(low, high)}: {mean_low:.3g} against {mean_high:.3g}")
+                broken.append(f"{order_text(low, high)}: {number(mean_low)} against {number(mean_high)}")
     return broken
 
 
@@ -97,7 +102,7 @@ def busy_line(measurements, above=()):
     if width <= BUSY_SPREAD and not broken:
         return None
     trials = measurements[name] if name is not None else []
-    details = [f"{name} {min(trials):.3g} to {max(trials):.3g}"] if width > BUSY_SPREAD else []
+    details = [f"{name} {number(min(trials))} to {number(max(trials))}"] if width > BUSY_SPREAD else []
     details += broken[:1] + ([f"{len(broken) - 1} more such"] if len(broken) > 1 else [])
     return f"the machine was busy: {100 * width:.0f}% spread ({'; '.join(details)}); rerun on an idle machine"
 
