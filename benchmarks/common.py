@@ -9,6 +9,7 @@ today's name taken by an earlier run writes beside it, ``<name>-2``, ``-3``, ...
 ``--out_dir`` that holds results is refused unless ``--overwrite``, which replaces them."""
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -26,7 +27,7 @@ USER_RESULTS = os.path.join(ROOT, "runs", "benchmarks")  # a user's results: run
 
 def argument_parser(doc, presets, scratch=None):
     """The options all the benchmark tools have: --preset, --data_dir and --overwrite; with ``scratch``
-    (a folder under runs/), also those of the tools that run train.py as separate commands: --work_dir,
+    (a folder under runs/benchmarks/scratch/), also those of the tools that run train.py as separate commands: --work_dir,
     --timeout."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(presets), default="gpu")
@@ -35,8 +36,11 @@ def argument_parser(doc, presets, scratch=None):
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the results an earlier run left where this one writes (refused without it)")
     if scratch:
-        parser.add_argument("--work_dir", default=os.path.join(ROOT, "runs", scratch),
-                            help="scratch space for the runs' directories (not kept)")
+        # Under runs/benchmarks/, so that `tensorboard --logdir runs` shows the benchmarks' runs in one folder
+        # of their own, beside the user's training runs rather than among them.
+        parser.add_argument("--work_dir", default=os.path.join(USER_RESULTS, "scratch", scratch),
+                            help="scratch space for the runs' directories (default: runs/benchmarks/scratch/"
+                            f"{scratch}; not kept)")
         parser.add_argument("--timeout", type=int, default=300, help="seconds per run")
     return parser
 
@@ -196,6 +200,12 @@ def software_text(report):
     if report.get("driver"):
         parts.append(f"driver {report['driver']}")
     return ", ".join(parts)
+
+
+def dali_importable():
+    """Whether ``nvidia.dali`` can be found here, without importing it (the ladder's DALI rung, the
+    profiles' DALI rung)."""
+    return importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
 
 
 def device_name(gpu):

@@ -248,6 +248,12 @@ def extension(base, parameters):
     return lines
 
 
+def skipped_cases(crops, ranks, multiple):
+    """The (crop, ranks) pairs asked for that cannot be split: each rank's block must be a multiple of
+    ``multiple`` voxels (the U-Net's downsampling) along the split axis."""
+    return [(crop, n) for crop in crops for n in ranks if crop % (n * multiple)]
+
+
 @exit_on_user_error
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
@@ -267,6 +273,11 @@ def main(argv=None):
     claim_folder(out_dir, args.overwrite, lambda name: name in ("domain.json", "domain.md"))
     multiple = UNet.size_multiple(True)
     plan = [(crop, ranks) for crop in args.crops for ranks in args.ranks if crop % (ranks * multiple) == 0]
+    skipped = [f"{crop}^3 on {ranks} ranks: each rank would hold {crop / ranks:g} voxels along the split, and the "
+               f"U-Net needs a multiple of {multiple} (a crop divisible by {multiple} x ranks)"
+               for crop, ranks in skipped_cases(args.crops, args.ranks, multiple)]
+    for line in skipped:
+        print(f"Skipped: {line}.", flush=True)
     if not plan or args.ranks[0] != 1:
         raise UserError(f"Nothing to measure: --ranks must start with 1 (the reference), and each crop must split into "
                         f"blocks of at least {multiple} voxels (crop >= 64 x ranks).")
@@ -285,11 +296,12 @@ def main(argv=None):
         rows[-1]["ratio_to_one_rank"] = rows[-1]["saved_bytes"] / one["saved_bytes"]
         print(rows[-1], flush=True)
     parameters = sum(p.numel() for p in UNet(4, 5, args.base_channels, True).parameters())
-    lines = table(rows, args.base_channels, date, device) + extension(args.base_channels, parameters)
+    lines = table(rows, args.base_channels, date, device) + [f"\nNot measured: {line}." for line in skipped] + \
+        extension(args.base_channels, parameters)
     command = "python -m benchmarks.domain " + " ".join(argv)
     with open(os.path.join(out_dir, "domain.json"), "w") as f:
         json.dump({"command": command.strip(), "device": device, "date": date, "base_channels": args.base_channels,
-                   "rows": rows}, f, indent=1)
+                   "rows": rows, "skipped": skipped}, f, indent=1)
     with open(os.path.join(out_dir, "domain.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

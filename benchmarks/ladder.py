@@ -9,18 +9,24 @@ IO (the loader alone), SYNTHETIC (one cached batch: no loader, but on a GPU a ho
 still copied every step) and FULL (real training), in
 samples/s, with the model FLOP utilisation and the peak GPU memory. The results go to
 ``benchmarks/results/<device>-<date>.json`` (``device``, ``torch``, ``cuda``, ``date``,
-``command``, ``runs``: a list of ``{name, full, synthetic, io, mfu, peak_mem_gb}``), a markdown table
-beside it, and the raw log. Ratios between rungs are only meaningful within one such file. A run
-refuses to write over such files already there (the same device, the same day) before it measures
-anything: pass another ``--out_dir``, or ``--overwrite`` to replace them.
+``command``, ``runs``: a list of ``{name, table, full, synthetic, io, mfu, peak_mem_gb, trials}``,
+``trials`` holding each kind's trials with their mean, median, std, min, max and spread; on a GPU
+``batch_sweep``: the best rung at local batch 64, 128 and 256), markdown tables beside it (the
+ladder, where each rung adds one thing to the one before; the rungs alone; the batch sweep), and
+the raw log. Under the tables, utils/noise.py's line says when the trials cannot rank the rungs
+(a spread over 20%, or FULL above SYNTHETIC or IO), and the CPU preset prints the ratio the
+README asks to compare beside the committed run's. Ratios between rungs are only meaningful
+within one such file. A run refuses to write over such files already there (the same device, the
+same day) before it measures anything: pass another ``--out_dir``, or ``--overwrite`` to replace
+them.
 
 The data set is the synthetic one (a 256^3 training box on a GPU), made first if it is missing.
 
 Each rung is measured in a process of its own (``python -m benchmarks.ladder --measure_rung ...``,
 its output in the log): a rung that ends in a sticky CUDA error (an illegal address, a device-side
 assert) or runs out of memory cannot take the rungs after it. ``--group`` measures a part of the
-ladder (``gpu``: the GPU-resident rungs; ``loaders``: DALI's and the host loaders'). Where the
-dispatcher says that a rung's 3-D convolutions leave cuDNN here (utils/conv3d.py: several times
+ladder (``gpu``: the GPU-resident rungs, or a part of them, ``ladder`` with the batch sweep or
+``alone``; ``loaders``: DALI's and the host loaders'). Where the dispatcher says that a rung's 3-D convolutions leave cuDNN here (utils/conv3d.py: several times
 slower), the rung is measured with one trial of at most 5 batches and marked in the table; its
 MFU, like every rung's, is against the peak of the precision its convolutions run in (fp32 where
 this PyTorch and cuDNN turn TF32 off for them).
@@ -28,7 +34,6 @@ this PyTorch and cuDNN turn TF32 off for them).
 import argparse
 import datetime
 import functools
-import importlib.util
 import json
 import logging
 import os
@@ -39,13 +44,13 @@ from dataclasses import dataclass
 import torch
 
 import train
-from benchmarks.common import (add_output_options, argument_parser, check_preset, claim_files, device_name,
-                               device_slug, free_name, make_data, outcome, results_folder, run, software,
-                               software_text)
-from benchmarks.preflight import compile_problem
+from benchmarks.common import (ROOT, add_output_options, argument_parser, check_preset, claim_files, dali_importable,
+                               device_name, device_slug, free_name, make_data, outcome, results_folder, run,
+                               software, software_text)
 from benchmarks.trials import BatchStream, run_trials
-from utils import get_data_loader_distributed
+from utils import get_data_loader_distributed, noise
 from utils.YParams import load_params
+from utils.compiler import compile_problem
 from utils.distributed import World, parallelize
 from utils.conv3d import AMP_DTYPES, conv_backends, known_issues, on_cudnn, running_precision
 from utils.errors import exit_on_user_error
@@ -59,44 +64,62 @@ class Rung:
     name: str
     options: list
     script: str = "train.py"
-    nbatches: int = None  # batches per trial, when fewer than --nbatches
+    nbatches: int = None  # a host loader's rung: at least this many batches per trial (--host_nbatches)
     step: int = 0         # its place on the tutorial's ladder: the order of the table
+    table: str = "ladder"  # "ladder": one more thing than the rung before; "alone": one thing on bf16 + fused Adam
 
 
-# Each rung adds to the tutorial's single-GPU settings. They are MEASURED in this order: first the
-# rungs no GPU run has measured yet and whose numbers the tutorial lacks most (CUDA graph, compile,
-# AMP with fused Adam, the GPU-resident loader), last the host loaders, which are slow at crop 64
-# (the original's baseline: 85 samples/s on an A100) and get fewer batches. A suite stopped at its
-# time limit then loses the least interesting rungs; the table lists them in the ladder's order.
-BF16_FUSED = ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--enable_fused"]
-GPU_RUNGS = [
-    Rung("+ CUDA graph (bf16, fused)", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16"], "train_graph.py",
-         step=11),
-    Rung("+ torch.compile (bf16, fused)", [*BF16_FUSED, "--jit_mode=compile"], step=10),
-    Rung("+ fused Adam (bf16)", BF16_FUSED, step=7),
+# The ladder: each rung adds one thing to the one before it, so that the last is everything together,
+# the best rung. The exact forms (--exact_forms) are off until their rung: a rung before it that left
+# the switch at its default would take them where they are faster (ladder_options adds the "off").
+FP32 = ["--data_loader_config=gpu-inmem"]
+BF16 = [*FP32, "--amp_mode=bf16"]
+BF16_FUSED = [*BF16, "--enable_fused"]
+CHANNELS_LAST = [*BF16_FUSED, "--channels_last"]
+COMPILED = [*CHANNELS_LAST, "--jit_mode=compile"]
+EXACT_FORMS = [*COMPILED, "--exact_forms=on"]
+LADDER_RUNGS = [
+    Rung("gpu-inmem", FP32, step=4),
+    Rung("+ AMP bf16", BF16, step=5),
+    Rung("+ fused Adam", BF16_FUSED, step=6),
+    Rung("+ channels_last", CHANNELS_LAST, step=7),
+    Rung("+ torch.compile", COMPILED, step=8),
+    Rung("+ exact forms", EXACT_FORMS, step=9),
+    # The step's launches in one graph: train_graph.py's capture of the compiled step, or torch.compile's
+    # own CUDA graphs; whichever pays is the best rung, and the batch sweep runs at it.
+    Rung("+ CUDA graph (train_graph.py)", EXACT_FORMS, "train_graph.py", step=10),
+    Rung("+ compile's CUDA graphs (reduce-overhead)", [*EXACT_FORMS, "--compile_mode=reduce-overhead"], step=11),
+]
+# One thing at a time on gpu-inmem + bf16 + fused Adam: what each is worth alone.
+ALONE_RUNGS = [
     # fused: the scaler's inf check stays on the device, so fp16 and bf16 compare like for like
-    Rung("gpu-inmem + AMP fp16 + fused Adam", ["--data_loader_config=gpu-inmem", "--amp_mode=fp16", "--enable_fused"],
-         step=6),
-    Rung("batch 8: + CUDA graph", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16", "--global_batch_size=8"],
-         "train_graph.py", step=14),
-    Rung("batch 8: gpu-inmem bf16 fused", [*BF16_FUSED, "--global_batch_size=8"], step=13),
-    Rung("gpu-inmem", ["--data_loader_config=gpu-inmem"], step=4),
-    Rung("gpu-inmem + AMP bf16", ["--data_loader_config=gpu-inmem", "--amp_mode=bf16"], step=5),
-    Rung("+ channels_last (bf16, fused)", [*BF16_FUSED, "--channels_last"], step=8),
-    Rung("+ TorchScript loss (bf16, fused)", [*BF16_FUSED, "--enable_jit"], step=9),
+    Rung("fp16 instead of bf16", [*FP32, "--amp_mode=fp16", "--enable_fused"], step=12, table="alone"),
+    Rung("TorchScript loss", [*BF16_FUSED, "--enable_jit"], step=13, table="alone"),
+    Rung("torch.compile", [*BF16_FUSED, "--jit_mode=compile"], step=14, table="alone"),
+    Rung("exact forms", [*BF16_FUSED, "--exact_forms=on"], step=15, table="alone"),
+    Rung("CUDA graph", BF16_FUSED, "train_graph.py", step=16, table="alone"),
+    Rung("batch 8", [*BF16_FUSED, "--global_batch_size=8"], step=17, table="alone"),
+    Rung("batch 8 + CUDA graph", [*BF16_FUSED, "--global_batch_size=8"], "train_graph.py", step=18, table="alone"),
 ]
+GPU_RUNGS = LADDER_RUNGS + ALONE_RUNGS
 DALI_RUNGS = [
-    Rung("DALI (bf16, fused)", ["--data_loader_config=dali-lowmem", "--num_data_workers=8", "--amp_mode=bf16",
-                                "--enable_fused"], step=12),
+    Rung("DALI", ["--data_loader_config=dali-lowmem", "--num_data_workers=8", "--amp_mode=bf16", "--enable_fused"],
+         step=19, table="alone"),
 ]
+# A host loader's trial (--host_nbatches) covers at least twice the batches its 8 workers x 2 prefetched hold in flight,
+# and the first reads of the data set's file: with 5-batch trials (the H100 run of 2026-11-25) the
+# lowmem loader's IO (296.5 samples/s) came out below its FULL (500.4), which cannot be.
+HOST_LOADER_BATCHES = 32
 HOST_LOADER_RUNGS = [
     Rung("lowmem, 8 workers + device prefetch", ["--data_loader_config=lowmem", "--num_data_workers=8",
-                                                 "--device_prefetch=true"], nbatches=5, step=3),
+                                                 "--device_prefetch=true"], nbatches=HOST_LOADER_BATCHES, step=3),
     Rung("lowmem, 8 workers", ["--data_loader_config=lowmem", "--num_data_workers=8", "--device_prefetch=false"],
-         nbatches=5, step=2),
+         nbatches=HOST_LOADER_BATCHES, step=2),
     Rung("baseline: lowmem, 2 workers", ["--data_loader_config=lowmem", "--num_data_workers=2",
-                                         "--device_prefetch=false"], nbatches=5, step=1),
+                                         "--device_prefetch=false"], nbatches=HOST_LOADER_BATCHES, step=1),
 ]
+# The local batches of the sweep at the best rung (GPU only: it measures what a GPU's memory holds).
+BATCH_SWEEP = (64, 128, 256)
 # The loader comparison of the tutorial's CPU section: crop 32, batch 8, a width-16 U-Net. The first
 # rung is the original tutorial's lowmem loader: the same reads, but one of 24 rotations applied to
 # the grid alone (its velocity components were never turned); the second is this repository's.
@@ -111,23 +134,26 @@ CPU_RUNGS = [
 ]
 
 
-def dali_importable():
-    """Whether ``nvidia.dali`` can be found here, without importing it."""
-    return importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
-
-
 def rungs_for(preset, dali=None, group="all"):
     """The preset's rungs in the order they are measured (DALI's when it is importable); ``group``
     ``gpu`` or ``loaders`` keeps those of the GPU-resident loader, or the others (on a CPU: the
-    gpu-inmem rung, or the host loaders')."""
+    gpu-inmem rung, or the host loaders'); ``ladder`` and ``alone`` keep the GPU-resident rungs of
+    that table.
+
+    On a GPU the ladder is measured from its top down (the best rung first, then what each step below
+    it leaves out), then the rungs alone, last the host loaders, which are slow at crop 64 (the
+    original's baseline: 85 samples/s on an A100). A suite stopped at its time limit then loses the
+    least interesting rungs; the tables list them in the ladder's order."""
     if preset == "cpu":
         rungs = CPU_RUNGS
     else:
         if dali is None:
             dali = dali_importable()
-        rungs = GPU_RUNGS + (DALI_RUNGS if dali else []) + HOST_LOADER_RUNGS
+        rungs = LADDER_RUNGS[::-1] + ALONE_RUNGS + (DALI_RUNGS if dali else []) + HOST_LOADER_RUNGS
     if group == "all":
         return rungs
+    if group in ("ladder", "alone"):  # a part of the GPU-resident rungs, for a session too short for all
+        return [rung for rung in rungs if rung.table == group and "--data_loader_config=gpu-inmem" in rung.options]
     return [rung for rung in rungs if ("--data_loader_config=gpu-inmem" in rung.options) == (group == "gpu")]
 
 
@@ -137,11 +163,47 @@ PRESETS = {
 }
 
 
-def skip_reason(rung):
-    """Why this machine cannot run the rung (None when it can): torch.compile's toolchain."""
+def has_config_key(key):
+    """Whether the configuration (config/UNet.yaml) has ``key``: a rung whose switch a tree lacks is
+    skipped with that reason rather than failed."""
+    return key in load_params(["--config=base"])
+
+
+def skip_reason(rung, exact_forms=None):
+    """Why this machine cannot run the rung (None when it can): torch.compile's toolchain, or a tree
+    without the exact forms' switch (``exact_forms``: whether the config has it; looked up when None)."""
+    if "--exact_forms=on" in rung.options and not (has_config_key("exact_forms") if exact_forms is None
+                                                   else exact_forms):
+        return "this tree's configuration has no exact_forms key (--exact_forms)"
     if "--jit_mode=compile" in rung.options:
         return compile_problem()
     return None
+
+
+def ladder_options(rung, exact_forms):
+    """The rung's options, with ``--exact_forms=off`` where it does not name the switch and the config has
+    it (``exact_forms``): a rung below the exact forms' own measures without them, whatever the default."""
+    if exact_forms and not any(option.startswith("--exact_forms=") for option in rung.options):
+        return [*rung.options, "--exact_forms=off"]
+    return list(rung.options)
+
+
+def sweep_rungs(best, batches=BATCH_SWEEP):
+    """The local-batch sweep at the best rung: one rung per batch size, the best's options with
+    ``--global_batch_size`` (one GPU: the local batch)."""
+    return [Rung(f"local batch {batch}", [*best.options, f"--global_batch_size={batch}"], best.script,
+                 step=batch, table="batch") for batch in batches]
+
+
+def best_rung(runs):
+    """The ladder's rung (a measured entry of the report) with the highest FULL, as a :class:`Rung`; None
+    when none was measured."""
+    measured = [run for run in runs if run.get("table", "ladder") == "ladder" and run.get("full")
+                and "--data_loader_config=gpu-inmem" in run["options"]]
+    if not measured:
+        return None
+    best = max(measured, key=lambda run: run["full"])
+    return Rung(best["name"], best["options"], best["script"], step=best["step"])
 
 
 def slow_convolutions(options, device):
@@ -245,26 +307,93 @@ def write_report(base, report):
         f.write(markdown_table(report))
 
 
+TABLES = {
+    "ladder": "The ladder: each rung adds one thing to the one before it",
+    "alone": "Alone: each on gpu-inmem + AMP bf16 + fused Adam, one thing at a time",
+    "batch": "The local-batch sweep at the best rung",
+}
+KINDS = ("full", "synthetic", "io")
+
+
+def trials_of(entry):
+    """``{FULL: trials, SYNTHETIC: ..., IO: ...}`` of a measured entry (none in files written before the
+    entries kept their trials)."""
+    return {kind.upper(): entry.get("trials", {}).get(kind, {}).get("trials", []) for kind in KINDS}
+
+
+def judgement(report):
+    """The line :mod:`utils.noise` prints when the report's trials cannot rank its rungs, else None:
+    one rung's trials spread more than 20%, or its FULL above its SYNTHETIC or IO."""
+    measurements, above = {}, []
+    for entry in report["runs"] + report.get("batch_sweep", []):
+        for kind, trials in trials_of(entry).items():
+            measurements[f"{entry['name']}: {kind}"] = trials
+        above += [(f"{entry['name']}: {high}", f"{entry['name']}: {low}") for high, low in noise.BENCHY_ORDER]
+    return noise.busy_line(measurements, above)
+
+
 def markdown_table(report):
     lines = [f"Measured by `{report['command']}` on {report['device']} ({software_text(report)}), {report['date']}. "
-             "Samples/s; MFU of SYNTHETIC and FULL.", "",
-             "| rung | FULL | SYNTHETIC | IO | MFU (synthetic) | MFU (full) | peak memory (GB) |",
-             "|---|---|---|---|---|---|---|"]
+             "Samples/s (the mean of the trials; spread: (max - min) / mean of FULL's, SYNTHETIC's and IO's "
+             "trials); MFU of SYNTHETIC and FULL."]
 
     def number(value, digits=1):
         return "n/a" if value is None else f"{value:.{digits}f}"
 
-    for entry in sorted(report["runs"], key=lambda entry: entry.get("step", 0)):  # the ladder's order
+    def row(entry):
         if "error" in entry:
             outcome = entry["error"] if entry["error"].startswith("skipped") else f"failed: {entry['error']}"
-            lines.append(f"| {entry['name']} | {outcome} | | | | | |")
-            continue
+            return f"| {entry['name']} | {outcome} | | | | | | |"
         mfu = entry["mfu"] or {}
         name = f"{entry['name']} (slow here: {entry['slow']})" if entry.get("slow") else entry["name"]
-        lines.append(f"| {name} | {number(entry['full'])} | {number(entry['synthetic'])} | {number(entry['io'])} "
-                     f"| {number(mfu.get('synthetic'), 3)} | {number(mfu.get('full'), 3)} "
-                     f"| {number(entry['peak_mem_gb'], 2)} |")
+        spreads = " / ".join(noise.spread_text(trials) for trials in trials_of(entry).values())
+        return (f"| {name} | {number(entry['full'])} | {number(entry['synthetic'])} | {number(entry['io'])} "
+                f"| {spreads if entry.get('trials') else 'n/a'} | {number(mfu.get('synthetic'), 3)} "
+                f"| {number(mfu.get('full'), 3)} | {number(entry['peak_mem_gb'], 2)} |")
+
+    header = ["| rung | FULL | SYNTHETIC | IO | spread | MFU (synthetic) | MFU (full) | peak memory (GB) |",
+              "|---|---|---|---|---|---|---|---|"]
+    tables = {name: [entry for entry in report["runs"] if entry.get("table", "ladder") == name] for name in TABLES}
+    tables["batch"] = report.get("batch_sweep", [])
+    for name, entries in tables.items():
+        if not entries and name != "ladder":  # the ladder's header stands even over no rung
+            continue
+        if len(lines) > 1 or name != "ladder":
+            lines += ["", f"{TABLES[name]}:"]
+        lines += ["", *header, *(row(entry) for entry in sorted(entries, key=lambda entry: entry.get("step", 0)))]
+    if report.get("batch_sweep_skipped"):
+        lines += ["", f"{TABLES['batch']}: {report['batch_sweep_skipped']}."]
+    busy = judgement(report)
+    if busy:
+        lines += ["", f"Not a ranking: {busy}."]
     return "\n".join(lines) + "\n"
+
+
+# The committed run whose ratio the README's CPU track quotes (step 2): the GPU-resident loader's IO
+# over the original's lowmem loader's.
+REFERENCE = os.path.join("benchmarks", "results", "cpu-vm-2-cores-2026-11-25.json")
+ORIGINAL, GPU_RESIDENT = CPU_RUNGS[0].name, CPU_RUNGS[-1].name
+
+
+def loader_ratio(report):
+    """``(ratio, GPU-resident IO, original's IO)`` of a CPU report, None where either rung is missing."""
+    io = {entry["name"]: entry.get("io") for entry in report["runs"]}
+    if not io.get(ORIGINAL) or not io.get(GPU_RESIDENT):
+        return None
+    return io[GPU_RESIDENT] / io[ORIGINAL], io[GPU_RESIDENT], io[ORIGINAL]
+
+
+def compare_line(report):
+    """The README's number (CPU track, step 2) measured here beside the README's, judged by the trials."""
+    here = loader_ratio(report)
+    if here is None:
+        return None
+    with open(os.path.join(ROOT, REFERENCE)) as f:
+        reference = loader_ratio(json.load(f))
+    return noise.compare_line("the GPU-resident loader's IO over the original's lowmem",
+                              f"{here[0]:.1f} times ({here[1]:.1f} against {here[2]:.1f} samples/s)",
+                              f"{reference[0]:.1f} times ({reference[1]:.1f} against {reference[2]:.1f})",
+                              REFERENCE, judgement(report))
 
 
 @exit_on_user_error
@@ -275,8 +404,13 @@ def main(argv=None):
     parser.add_argument("--ntrials", type=int, default=3)
     parser.add_argument("--nwarmup", type=int, default=1)
     parser.add_argument("--only", default="", help="run only rungs whose name contains this text")
-    parser.add_argument("--group", choices=["all", "gpu", "loaders"], default="all",
-                        help="gpu: the GPU-resident loader's rungs; loaders: DALI's and the host loaders'")
+    parser.add_argument("--group", choices=["all", "gpu", "ladder", "alone", "loaders"], default="all",
+                        help="gpu: the GPU-resident loader's rungs (ladder: those of the ladder and the batch sweep; "
+                        "alone: those measured alone); loaders: DALI's and the host loaders'")
+    parser.add_argument("--host_nbatches", type=int, default=HOST_LOADER_BATCHES,
+                        help="at least this many batches per trial of a host loader's rung (GPU preset)")
+    parser.add_argument("--batch_sweep", type=int, nargs="*", default=list(BATCH_SWEEP),
+                        help="local batches measured at the best rung (GPU only; none: no sweep)")
     parser.add_argument("--rung_timeout", type=int, default=900, help="seconds per rung's process")
     parser.add_argument("--measure_rung", help=argparse.SUPPRESS)  # a rung's process: JSON {options, script}
     parser.add_argument("--result", help=argparse.SUPPRESS)        # where that process writes its summary
@@ -306,36 +440,67 @@ def main(argv=None):
               f"--device={device.type}", "--checkpoint=false"]
     report = {"device": name, **software(), "date": stamp.isoformat(timespec="seconds"), "command": "python -m benchmarks.ladder "
               + " ".join(sys.argv[1:] if argv is None else argv), "runs": []}
+    exact_forms = has_config_key("exact_forms")
     for rung in rungs:
-        logging.info("=== %s: %s %s", rung.name, rung.script, " ".join(rung.options))
-        entry = {"name": rung.name, "step": rung.step, "script": rung.script, "options": rung.options}
-        skip = skip_reason(rung)
-        if skip:  # one clear line, and the next rung: not a crash of the whole ladder
-            logging.warning("rung %r skipped: %s", rung.name, skip)
-            report["runs"].append({**entry, "error": f"skipped: {skip}"})
-            write_report(base, report)
-            continue
-        slow = slow_convolutions(rung.options, device)
-        if slow:
-            entry["slow"] = f"{slow}: one trial of at most 5 batches"
-            logging.warning("rung %r: %s", rung.name, entry["slow"])
-        sizes = trial_sizes(args, min(args.nbatches, rung.nbatches or args.nbatches), slow)
-        summary = measure_in_process(rung, common, args, sizes, base + ".log")
-        if "error" in summary:  # one broken rung must not lose the others' numbers
-            logging.error("rung %r failed: %s", rung.name, summary["error"])
-            report["runs"].append({**entry, "error": summary["error"]})
-            write_report(base, report)
-            continue
-        run = {**entry, "nbatches": sizes[0], "ntrials": sizes[1], "nwarmup": summary["nwarmup"],
-               "precision": summary["precision"], "full": summary["full"], "synthetic": summary["synthetic"],
-               "io": summary["io"], "mfu": summary["mfu"], "peak_mem_gb": summary["peak_mem_gb"]}
-        report["runs"].append(run)
-        logging.info("%s", json.dumps(run))
+        report["runs"].append(measure_entry(rung, common, args, device, exact_forms, base))
         write_report(base, report)  # after every rung: a run stopped at a time limit keeps what it measured
+    sweep(report, args, common, device, exact_forms, base)
 
     write_report(base, report)
     print(markdown_table(report))
+    line = compare_line(report) if args.preset == "cpu" else None
+    if line:
+        print(line)
     print(f"Results: {base}.json, {base}.md, {base}.log")
+
+
+def measure_entry(rung, common, args, device, exact_forms, base):
+    """One rung measured in its own process: the report's entry (its trials kept, with their mean, std, min
+    and max), or the entry with the ``error`` that skipped or ended it."""
+    options = ladder_options(rung, exact_forms)
+    logging.info("=== %s: %s %s", rung.name, rung.script, " ".join(options))
+    entry = {"name": rung.name, "step": rung.step, "table": rung.table, "script": rung.script, "options": options}
+    skip = skip_reason(rung, exact_forms)
+    if skip:  # one clear line, and the next rung: not a crash of the whole ladder
+        logging.warning("rung %r skipped: %s", rung.name, skip)
+        return {**entry, "error": f"skipped: {skip}"}
+    slow = slow_convolutions(options, device)
+    if slow:
+        entry["slow"] = f"{slow}: one trial of at most 5 batches"
+        logging.warning("rung %r: %s", rung.name, entry["slow"])
+    nbatches = max(args.nbatches, args.host_nbatches) if rung.nbatches else args.nbatches
+    sizes = trial_sizes(args, nbatches, slow)
+    summary = measure_in_process(Rung(rung.name, options, rung.script), common, args, sizes, base + ".log")
+    if "error" in summary:  # one broken rung must not lose the others' numbers
+        logging.error("rung %r failed: %s", rung.name, summary["error"])
+        return {**entry, "error": summary["error"]}
+    run = {**entry, "nbatches": sizes[0], "ntrials": sizes[1], "nwarmup": summary["nwarmup"],
+           "precision": summary["precision"], "full": summary["full"], "synthetic": summary["synthetic"],
+           "io": summary["io"], "mfu": summary["mfu"], "peak_mem_gb": summary["peak_mem_gb"],
+           "trials": {kind: noise.summary(summary.get("trials", {}).get(kind, [])) for kind in KINDS}}
+    logging.info("%s", json.dumps(run))
+    return run
+
+
+def sweep(report, args, common, device, exact_forms, base):
+    """The local-batch sweep at the best rung measured, into ``report["batch_sweep"]``; on a CPU, or
+    without a measured ladder rung, the reason it was not run, in ``batch_sweep_skipped``."""
+    if not args.batch_sweep or args.group in ("loaders", "alone"):
+        return
+    if device.type != "cuda":
+        report["batch_sweep_skipped"] = ("not measured with --preset cpu: it measures the throughput and peak "
+                                         "memory of a GPU at local batches " + ", ".join(map(str, args.batch_sweep)))
+        logging.info("%s: %s", TABLES["batch"], report["batch_sweep_skipped"])
+        return
+    best = best_rung(report["runs"])
+    if best is None:
+        report["batch_sweep_skipped"] = "not measured: no rung of the ladder was measured"
+        return
+    report["batch_sweep"] = []
+    for rung in sweep_rungs(best, args.batch_sweep):
+        entry = measure_entry(rung, common, args, device, exact_forms, base)
+        report["batch_sweep"].append({**entry, "best_rung": best.name})
+        write_report(base, report)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     BENCHY_OUTPUT=scaling/ddp_4 sbatch -n 4 ./submit_pm.sh --config=bs64_opt --enable_benchy --num_epochs 15
     BENCHY_OUTPUT=scaling/noddp_4 sbatch -n 4 ./submit_pm.sh --config=bs64_opt --enable_benchy --num_epochs 15 --noddp
-    python -m benchmarks.plot_scaling --ddp scaling/ddp_*.json --noddp scaling/noddp_*.json --out scaling.png
+    python -m benchmarks.plot_scaling --ddp scaling/ddp_*.json --noddp scaling/noddp_*.json --out scaling/scaling.png
 
 Weak scaling keeps the local batch fixed, so N GPUs should do N times the work of one; strong
 scaling keeps the global batch fixed and splits it, so N GPUs should do the same work N times
@@ -99,29 +99,43 @@ def markdown_table(ddp, noddp, unit="GPUs", trials=None):
     does not separate from zero is said to be noise, not printed as a number (utils/noise.py), and a
     line under the table says when the trials are too spread to trust at all."""
     efficient = efficiency(ddp) if len(ddp) > 1 else {}  # one size is its own baseline: nothing to say
+    measured = overheads(ddp, noddp, trials)
     lines = [f"| {unit} | DDP samples/s | efficiency | noddp samples/s | overhead (1 - DDP/noddp) |",
              "|---|---|---|---|---|"]
     for n in sorted(set(ddp) | set(noddp)):
         cells = [f"{ddp[n]:.1f}" if n in ddp else "-", f"{efficient[n]:.1%}" if n in efficient else "-",
-                 f"{noddp[n]:.1f}" if n in noddp else "-",
-                 overhead_cell(ddp, noddp, trials, n) if n in ddp and n in noddp else "-"]
+                 f"{noddp[n]:.1f}" if n in noddp else "-", overhead_cell(*measured[n]) if n in measured else "-"]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
-    every_trial = {f"{mode} at {n}": sum(runs, []) for mode, series in (trials or {}).items()
-                   for n, runs in series.items()}
-    busy = noise.busy_note(every_trial)
+    busy = noise.busy_line(every_trial(trials))
     return "\n".join(lines + ([f"\nNot a finding: {busy}."] if busy else []))
 
 
-def overhead_cell(ddp, noddp, trials, n):
-    """1 - DDP/noddp, or why the trials cannot tell it from zero (DDP cannot be faster than no communication)."""
-    if trials:
-        ddp_trials, noddp_trials = sum(trials["ddp"][n], []), sum(trials["noddp"][n], [])
-        if not noise.separated(ddp_trials, noddp_trials) or ddp[n] > noddp[n]:
-            return f"within noise (trials vary {100 * max(map(noise.spread, (ddp_trials, noddp_trials))):.0f}%)"
-    return f"{1 - ddp[n] / noddp[n]:.1%}"
+def every_trial(trials):
+    """``{"ddp at 2": trials, ...}``: each point's trials, all its files' together."""
+    return {f"{mode} at {n}": sum(runs, []) for mode, series in (trials or {}).items() for n, runs in series.items()}
 
 
-def plot(ddp, noddp, kind, path, unit="GPUs", title="weak scaling"):
+def overheads(ddp, noddp, trials=None):
+    """``{n: (1 - DDP/noddp, spread)}`` at each size measured both ways; ``spread`` is None where the
+    trials (when given) separate the two, else the wider spread of the two: the overhead is within
+    noise (DDP cannot be faster than no communication). The table and the plot both show this."""
+    measured = {}
+    for n in sorted(set(ddp) & set(noddp)):
+        within = None
+        if trials:
+            ddp_trials, noddp_trials = sum(trials["ddp"][n], []), sum(trials["noddp"][n], [])
+            if not noise.separated(ddp_trials, noddp_trials) or ddp[n] > noddp[n]:
+                within = max(map(noise.spread, (ddp_trials, noddp_trials)))
+        measured[n] = (1 - ddp[n] / noddp[n], within)
+    return measured
+
+
+def overhead_cell(overhead, within):
+    """1 - DDP/noddp, or why the trials cannot tell it from zero."""
+    return f"{overhead:.1%}" if within is None else f"within noise (trials vary {100 * within:.0f}%)"
+
+
+def plot(ddp, noddp, kind, path, unit="GPUs", title="weak scaling", trials=None):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -150,10 +164,13 @@ def plot(ddp, noddp, kind, path, unit="GPUs", title="weak scaling"):
     left.set_ylabel(f"{kind} samples/s")
     left.set_title(title, fontsize=9)
     left.legend(fontsize=8)
-    shared = sorted(set(ddp) & set(noddp))
-    if shared:
-        bars = right.bar([str(n) for n in shared], [100 * (1 - ddp[n] / noddp[n]) for n in shared])
-        right.bar_label(bars, fmt="%.1f%%", fontsize=8)
+    measured = overheads(ddp, noddp, trials)
+    if measured:
+        # An overhead the trials cannot tell from zero is drawn as zero and labelled as the table says it.
+        sizes = list(measured)
+        bars = right.bar([str(n) for n in sizes], [0 if measured[n][1] is not None else 100 * measured[n][0]
+                                                   for n in sizes])
+        right.bar_label(bars, labels=[overhead_cell(*measured[n]).replace(" (", "\n(") for n in sizes], fontsize=8)
         right.axhline(0, color="black", linewidth=0.8)
     right.set_xlabel(unit)
     right.set_ylabel("communication overhead (%)")
@@ -172,15 +189,17 @@ def main(argv=None):
     parser.add_argument("--unit", default=None,
                         help='what a rank is, for the axis labels (default: "GPUs", or "CPU ranks" for CPU runs)')
     parser.add_argument("--title", default="weak scaling")
-    parser.add_argument("--out", default="scaling.png", help="the plot (png; a bare file name goes to runs/benchmarks/)")
+    parser.add_argument("--out", default=None, help="the plot (png), where given (default: "
+                        "runs/benchmarks/scaling.png, not tracked by git)")
     args = parser.parse_args(argv)
 
     ddp, noddp = read_series(args.ddp, args.kind), read_series(args.noddp, args.kind)
     trials = {"ddp": read_trials(args.ddp, args.kind), "noddp": read_trials(args.noddp, args.kind)}
     args.unit = args.unit or rank_unit(args.ddp + args.noddp)
     print(markdown_table(ddp, noddp, args.unit, trials))
-    plot(ddp, noddp, args.kind, user_file(args.out), args.unit, args.title)
-    print(f"Plot: {relative(user_file(args.out))}")
+    path = args.out or user_file("scaling.png")  # a path the user names is honoured as given
+    plot(ddp, noddp, args.kind, path, args.unit, args.title, trials)
+    print(f"Plot: {relative(path)}")
 
 
 if __name__ == "__main__":

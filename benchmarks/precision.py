@@ -16,15 +16,17 @@ Results: ``benchmarks/results/precision/<device>-<date>.json`` and ``.md`` (refu
 """
 import datetime
 import functools
+import json
 import os
 import sys
+import time
 
 import torch
 
 import train
-from benchmarks.common import (add_output_options, argument_parser, check_preset, claim_files, device_name,
+from benchmarks.common import (ROOT, add_output_options, argument_parser, check_preset, claim_files, device_name,
                                device_slug, free_name, make_data, results_folder, write_report)
-from utils import get_data_loader_distributed, lr_schedule
+from utils import get_data_loader_distributed, lr_schedule, noise
 from utils.YParams import load_params
 from utils.distributed import World
 from utils.errors import exit_on_user_error
@@ -44,8 +46,9 @@ PRESETS = {
 }
 
 
-def train_and_validate(params):
-    """Train ``params`` from seed ``params.seed`` and validate once; returns the rung's numbers."""
+def train_and_validate(params, name=""):
+    """Train ``params`` from seed ``params.seed`` and validate once; returns the rung's numbers. A line per
+    epoch says how far it is (``name``: the rung's, for that line)."""
     device = train.pick_device(params, World())
     world = World()
     train_loader, val_loader = get_data_loader_distributed(params, 0, device)
@@ -59,6 +62,7 @@ def train_and_validate(params):
     schedule = functools.partial(lr_schedule, total_steps=steps, params=params)
     train_step = train.default_step(model, optimizer, loss_fn, precision, params)
     scaler, skipped, step, losses = precision.scaler, 0, 0, []
+    started = time.perf_counter()
     for epoch in range(params.num_epochs):
         train_loader.sampler.set_epoch(epoch)
         for inputs, targets in train_loader:
@@ -68,6 +72,9 @@ def train_and_validate(params):
             if scale is not None and scaler.get_scale() < scale:  # waits for the device: a skipped step
                 skipped += 1
             step += 1
+        # Progress, once an epoch: the float waits for the device, outside the steps' loop.
+        print(f"{name} epoch {epoch + 1}/{params.num_epochs}: {step} steps, last training loss "
+              f"{float(losses[-1]):.6f}, {time.perf_counter() - started:.0f} s", flush=True)
     metrics = ValidationMetrics()
     val_loss, _ = train.validate(model, val_loader, loss_fn, precision, move, world, metrics=metrics)
     values = metrics.compute()
@@ -80,11 +87,20 @@ def train_and_validate(params):
             "skipped_steps": skipped if scaler.is_enabled() else None}
 
 
+# What the spectral columns mean, above the table.
+COLUMNS = ("'P ratio at top k': P_pred(k) / P_true(k), the power spectrum of the predicted gas overdensity over "
+           "that of the true one in the highest k bin (the smallest scales, where lost precision would show "
+           "first): 1 is the true amount of small-scale structure, above 1 more of it (noise), below 1 less "
+           "(smoothing). 'r(k) at top k': the cross-correlation coefficient of prediction and truth in that "
+           "bin: 1 when their small-scale structure lines up, 0 when it is unrelated.")
+
+
 def markdown(report):
     reference = report["rungs"][0]["val_loss"]
     lines = [f"Measured by `{report['command']}` on {report['device']} (torch {report['torch']}), "
              f"{report['date']}: config {report['config']}, {report['num_epochs']} epochs, "
              f"{report['rungs'][0]['steps']} steps per rung, the same initial weights and batches in every rung.", "",
+             COLUMNS, "",
              "| precision | validation loss | vs fp32 | L1 gas density | P ratio at top k | r(k) at top k "
              "| final scale | skipped steps |",
              "|---|---|---|---|---|---|---|---|"]
@@ -122,9 +138,34 @@ def main(argv=None):
               "config": load_params(common).config_name, "num_epochs": num_epochs, "rungs": []}
     for rung, extra in preset["rungs"].items():
         print(f"=== {rung}", flush=True)
-        result = train_and_validate(load_params([*common, *extra]))
+        result = train_and_validate(load_params([*common, *extra]), rung)
         report["rungs"].append({"name": rung, "options": extra, **result})
+        print(f"{rung}: validation loss {result['val_loss']:.6f}", flush=True)
     write_report(base, report, markdown(report))
+    line = compare_line(report) if args.preset == "cpu" else None
+    if line:
+        print(line)
+
+
+# The committed run whose bf16 against fp32 the README's CPU track quotes (step 4).
+REFERENCE = os.path.join("benchmarks", "results", "precision", "cpu-vm-2-cores-2026-11-25.json")
+
+
+def bf16_difference(report):
+    """bf16's validation loss relative to fp32's, None without both rungs."""
+    loss = {rung["name"]: rung["val_loss"] for rung in report["rungs"]}
+    return loss["bf16"] / loss["fp32"] - 1 if {"fp32", "bf16"} <= set(loss) else None
+
+
+def compare_line(report):
+    """The README's number here and in the committed run. Validation losses are not timed: the machine's
+    load does not change them, and there are no trials to judge."""
+    here = bf16_difference(report)
+    if here is None:
+        return None
+    with open(os.path.join(ROOT, REFERENCE)) as f:
+        reference = bf16_difference(json.load(f))
+    return noise.compare_line("bf16's validation loss against fp32's", f"{here:+.2%}", f"{reference:+.2%}", REFERENCE)
 
 
 if __name__ == "__main__":

@@ -31,14 +31,15 @@ import json
 import os
 import shlex
 import shutil
+import statistics
 import sys
 import time
 
 import torch
 
-from benchmarks.common import (ROOT, add_output_options, argument_parser, check_preset, claim_folder, device_name,
-                               device_slug, free_name, holds_files, make_data, outcome, relative_args, results_folder,
-                               run)
+from benchmarks.common import (ROOT, add_output_options, argument_parser, check_preset, claim_folder, dali_importable,
+                               device_name, device_slug, free_name, holds_files, make_data, outcome, relative_args,
+                               results_folder, run)
 from utils import noise
 from utils.errors import exit_on_user_error
 from utils.profiling import range_name
@@ -64,9 +65,13 @@ CPU_RUNGS = [
     ("gpu_inmem", "the GPU-resident loader on CPU tensors", "train.py", ["--data_loader_config=gpu-inmem"]),
 ]
 PRESETS = {
-    "gpu": {"options": ["--config=base", "--device=cuda"], "batch": 64, "box": 256,
+    # Steps profiled per rung. On a shared CPU one step slowed by other work moves the mean of 12 by a
+    # twelfth of its excess and their median (what the tool compares) not at all; the spread printed
+    # beside it says how far the steps disagree. A GPU's steps agree (its traces of 4 steps already
+    # run to thousands of kernels each, and the folder is committed).
+    "gpu": {"options": ["--config=base", "--device=cuda"], "batch": 64, "box": 256, "steps": 4,
             "out_dir": os.path.join(ROOT, "sample_nsys_profiles")},
-    "cpu": {"options": ["--config=demo", "--device=cpu"], "batch": 8, "box": 128,
+    "cpu": {"options": ["--config=demo", "--device=cpu"], "batch": 8, "box": 128, "steps": 12,
             "out_dir": os.path.join(ROOT, "example_logs", "cpu_profiles")},
 }
 
@@ -92,7 +97,7 @@ def summarise_trace(trace, steps, cuda=False):
     ``error``: a profile that shows no device work is a result to report, not one to pass.
     """
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-    phases, step_ms = collections.defaultdict(float), []
+    phases, step_ms, forward_ms = collections.defaultdict(float), [], []
     for event in events:
         if event.get("cat") != "user_annotation":
             continue
@@ -101,8 +106,10 @@ def summarise_trace(trace, steps, cuda=False):
             phases[base] += event["dur"] / 1e3
         if base == "step":
             step_ms.append(round(event["dur"] / 1e3, 3))
+        if base == "forward":
+            forward_ms.append(round(event["dur"] / 1e3, 3))
     summary = {"steps": steps, "phase_ms_per_step": {p: round(phases[p] / steps, 3) for p in PHASES if p in phases},
-               "step_ms": step_ms}
+               "step_ms": step_ms, "forward_ms": forward_ms}
 
     kernels = [e for e in events if e.get("cat") == "kernel"]
     if kernels:
@@ -255,13 +262,6 @@ def profile_rung(rung, preset, args, common, work_dir, device, nsys=None, nsys_e
     return entry
 
 
-def ladder_dali():
-    """Whether DALI imports here (the ladder's test, which imports nothing)."""
-    from benchmarks.ladder import dali_importable
-
-    return dali_importable()
-
-
 def gpu_rungs(dali):
     """The GPU preset's rungs: the DALI rung last, where DALI imports; where it does not, a line says so."""
     if dali:
@@ -314,6 +314,8 @@ def write_readme(out_dir, entries, title, command, date):
         lines.append(f"| `{entry['file']}` | {entry['rung']}: {entry['what']} | {entry['device']} | {entry['date']} "
                      f"| {cells} | {busy} |")
     lines += ranking_notes(entries)
+    busy = judgement(entries)
+    lines += [f"\nNot a ranking: {busy}."] if busy else []
     lines += ["", "The commands, one per trace:", ""]
     for entry in entries:
         lines.append(f"- `{entry['rung']}`: `{entry['command']}`")
@@ -336,12 +338,14 @@ def write_readme(out_dir, entries, title, command, date):
 def main(argv=None):
     parser = argument_parser(__doc__, PRESETS, scratch="profiles")
     add_output_options(parser, "example_logs/cpu_profiles; GPU: sample_nsys_profiles", "cpu_profiles-<device>-<date>")
-    parser.add_argument("--steps", type=int, default=4, help="profiled steps per rung")
+    parser.add_argument("--steps", type=int, default=None, help="profiled steps per rung (default: the preset's, "
+                        "12 on a CPU, 4 on a GPU)")
     parser.add_argument("--only", default="", help="profile only rungs whose slug contains this text")
     parser.add_argument("--nsys", action="store_true", help="also try Nsight Systems on each rung")
     args = parser.parse_args(argv)
 
     preset = PRESETS[args.preset]
+    args.steps = args.steps or preset["steps"]
     dated = (f"{os.path.basename(preset['out_dir'])}-{device_slug(device_name(args.preset == 'gpu'))}-"
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}")
     if args.committed and (args.overwrite or not holds_files(preset["out_dir"])):
@@ -350,7 +354,7 @@ def main(argv=None):
     args.out_dir = args.out_dir or free_name(os.path.join(beside, dated), args, holds_files)
     check_preset(args.preset)
     claim_folder(args.out_dir, args.overwrite, written_here)  # before anything is made, removed or run
-    rungs = [rung for rung in gpu_rungs(ladder_dali()) if args.only in rung[0]] if args.preset == "gpu" else \
+    rungs = [rung for rung in gpu_rungs(dali_importable()) if args.only in rung[0]] if args.preset == "gpu" else \
         [rung for rung in CPU_RUNGS if args.only in rung[0]]
     name = device_name(args.preset == "gpu")
     train_path, val_path = make_data(args.data_dir, preset["box"])
@@ -368,14 +372,57 @@ def main(argv=None):
         print(f"=== {rung[0]}: {rung[1]}", flush=True)
         entry = profile_rung(rung, preset, args, common, args.work_dir, name, nsys, nsys_error)
         print(json.dumps({k: v for k, v in entry.items() if k != "top_kernels"}), flush=True)
+        if entry.get("forward_ms"):
+            print(f"{entry['rung']}: {forward_text(entry)}", flush=True)
         entries.append(entry)
         # After every rung, so that a run stopped at a time limit keeps the index of what it made.
         with open(os.path.join(args.out_dir, "profiles.json"), "w") as f:
             json.dump({"command": command, "date": date, "profiles": entries}, f, indent=2)
         title = "Sample profiles (GPU)" if args.preset == "gpu" else "Sample profiles of the CPU demo model"
         write_readme(args.out_dir, entries, title, command, date)
+    busy = judgement(entries)
+    if busy:
+        print(f"Not a ranking: {busy}.")
+    if args.preset == "cpu":
+        print(compare_line(entries, busy))
     print(f"Profiles, profiles.json and README.md in {args.out_dir}")
     return entries
+
+
+def forward_text(entry):
+    """"forward pass per step: median 50.3 ms, spread 12% over 12 steps (mean 52.1 ms)"."""
+    forward = entry["forward_ms"]
+    return (f"forward pass per step: median {statistics.median(forward):.1f} ms, spread {noise.spread_text(forward)} "
+            f"over {len(forward)} steps (mean {statistics.fmean(forward):.1f} ms)")
+
+
+def judgement(entries):
+    """utils/noise.py's line when the profiled steps (their times, and their forward passes') are too
+    spread to rank the rungs, else None."""
+    measurements = {}
+    for entry in entries:
+        measurements[f"{entry['rung']}: step"] = entry.get("step_ms", [])
+        measurements[f"{entry['rung']}: forward"] = entry.get("forward_ms", [])
+    return noise.busy_line(measurements)
+
+
+# The committed CPU profiles whose forward passes the README's CPU track quotes (step 3).
+REFERENCE = os.path.join("example_logs", "cpu_profiles", "profiles.json")
+
+
+def compare_line(entries, busy):
+    """The README's number (the forward pass per step of each CPU rung) here, as medians, beside the
+    committed profiles' means."""
+    with open(os.path.join(ROOT, REFERENCE)) as f:
+        committed = json.load(f)["profiles"]
+    reference = {entry["rung"]: entry["phase_ms_per_step"]["forward"] for entry in committed}
+    here = {entry["rung"]: statistics.median(entry["forward_ms"]) for entry in entries if entry.get("forward_ms")}
+    rungs = [rung for rung in reference if rung in here]
+    if not rungs:
+        return "The number to compare (README): the forward pass per step needs the baseline or gpu_inmem rung."
+    return noise.compare_line("forward pass per step", ", ".join(f"{here[rung]:.1f} ms ({rung})" for rung in rungs)
+                              + " (medians of the steps)", ", ".join(f"{reference[rung]:.1f} ms" for rung in rungs)
+                              + f" (means of {committed[0]['steps']} steps)", REFERENCE, busy)
 
 
 if __name__ == "__main__":

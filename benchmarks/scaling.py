@@ -30,10 +30,11 @@ import sys
 
 import torch
 
-from benchmarks.common import (add_output_options, argument_parser, check_preset, claim_folder, device_name,
+from benchmarks.common import (ROOT, add_output_options, argument_parser, check_preset, claim_folder, device_name,
                                device_slug, free_name, holds_files, make_data, outcome, relative, relative_args,
                                results_folder, run, software, software_text)
 from benchmarks import plot_scaling
+from utils import noise
 from utils.errors import exit_on_user_error
 
 # The tutorial's weak-scaling settings (bs64_opt, local batch 64) with the GPU-resident loader, which
@@ -165,8 +166,41 @@ def main(argv=None):
             write_summary(out_dir, index)  # after every point: a stage stopped at its time limit keeps them
     with open(os.path.join(out_dir, "README.md")) as f:
         print(f.read())
-    print(f"Results in {relative(out_dir)}; plot them with `make figures` or `python -m benchmarks.plot_scaling`.")
+    if args.preset == "cpu" and not args.global_batch_size and not args.ddp_options and not args.extra:
+        print(compare_efficiency(out_dir))
+    print(f"Results in {relative(out_dir)}; plot them with `{plot_command(out_dir)}`.")
     return index
+
+
+# The committed run whose 2-rank efficiency the README's CPU track quotes (step 6).
+REFERENCE = os.path.join("benchmarks", "results", "scaling", "cpu-vm-2-cores-2026-11-25")
+
+
+def plot_command(out_dir):
+    """The command that plots a folder's runs (plot_scaling needs the files named)."""
+    folder = shlex.quote(relative(out_dir))
+    return (f"python -m benchmarks.plot_scaling --ddp {folder}/ddp_*.json --noddp {folder}/noddp_*.json "
+            f"--out {folder}/scaling.png")
+
+
+def efficiency_at_two(folder):
+    """The DDP weak-scaling efficiency at 2 ranks of a folder, and the lost share (1 - DDP/noddp); None
+    where it lacks either 2-rank point."""
+    _, ddp, noddp = plot_scaling.read_folder(folder)
+    if not {1, 2} <= set(ddp) or 2 not in noddp:
+        return None
+    return plot_scaling.efficiency(ddp)[2], 1 - ddp[2] / noddp[2]
+
+
+def compare_efficiency(out_dir):
+    """The README's number (2 ranks: weak-scaling efficiency, share lost to communication) here and in
+    the committed run, judged by this run's trials (utils/noise.py)."""
+    here, reference = efficiency_at_two(out_dir), efficiency_at_two(os.path.join(ROOT, REFERENCE))
+    if here is None:
+        return "The number to compare (README): needs 1 and 2 ranks (--ranks 1 2)."
+    busy = noise.busy_line(plot_scaling.every_trial(plot_scaling.folder_trials(out_dir)))
+    return noise.compare_line("2 ranks with DDP", f"{here[0]:.1%} weak-scaling efficiency, {here[1]:.1%} lost to "
+                              "communication", f"{reference[0]:.1%}, {reference[1]:.1%}", REFERENCE, busy)
 
 
 if __name__ == "__main__":

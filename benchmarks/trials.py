@@ -77,8 +77,9 @@ def run_trials(step_fn, loader, device, *, nbatches=50, ntrials=3, nwarmup=1, io
     each batch is copied to ``device`` (a no-op for batches already there) and passed to
     ``step_fn``, which trains on it. Returns ``{io, synthetic, full}`` mean samples/s of all
     ``world_size`` ranks, ``std``, ``mfu`` (each None without ``flops_per_sample`` and
-    ``peak_flops``, a fraction otherwise), ``peak_mem_gb`` (None off CUDA) and ``nwarmup``, the
-    warm-up trials each kind ran.
+    ``peak_flops``, a fraction otherwise), ``peak_mem_gb`` (None off CUDA), ``nwarmup``, the
+    warm-up trials each kind ran, and ``trials``: ``{io, synthetic, full}``, each kind's timed trials
+    (samples/s), which utils/noise.py judges.
     """
     stream = loader if isinstance(loader, BatchStream) else BatchStream(loader)
     warmups = warmup_trials(nwarmup, nbatches, in_flight(stream.loader))
@@ -94,7 +95,9 @@ def run_trials(step_fn, loader, device, *, nbatches=50, ntrials=3, nwarmup=1, io
     while not bench.trials_complete:
         for inputs, targets in bench:
             step_fn(inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True))
-    return {**bench.summary(), "nwarmup": warmups}
+    trials = {kind.lower(): list(bench.results.get(kind, {}).get("trial_throughput", []))
+              for kind in ("IO", "SYNTHETIC", "FULL")}
+    return {**bench.summary(), "nwarmup": warmups, "trials": trials}
 
 
 if __name__ == "__main__":  # a library module: `python -m ... --help` (or any use) says what it is

@@ -285,13 +285,19 @@ def test_sigterm_in_the_middle_of_a_step_packs_what_is_done(tmp_path):
     assert "stage preflight started" in log and "SIGTERM received" in log
 
 
-def test_the_ladder_measures_first_what_no_gpu_run_has_measured():
+def test_the_ladder_measures_its_best_rung_first_and_each_rung_adds_one_thing():
     rungs = ladder.rungs_for("gpu", dali=True)
-    assert [rung.script for rung in rungs[:2]] == ["train_graph.py", "train.py"]
-    assert "--jit_mode=compile" in rungs[1].options
-    assert all("--enable_fused" in rung.options for rung in rungs[1:4])  # bf16 and fp16 with fused Adam
+    climbing = ladder.LADDER_RUNGS
+    assert rungs[:len(climbing)] == climbing[::-1]  # from the top down: the best rung first
+    for below, above in zip(climbing[:-3], climbing[1:-2]):  # each adds one option to the one before it
+        assert above.options[:len(below.options)] == below.options and len(above.options) == len(below.options) + 1
+    assert [rung.options[-1] for rung in climbing[1:6]] == ["--amp_mode=bf16", "--enable_fused", "--channels_last",
+                                                           "--jit_mode=compile", "--exact_forms=on"]
+    graph, compiled_graph = climbing[-2:]  # the step's launches in one graph, either way, on everything else
+    assert graph.script == "train_graph.py" and graph.options == climbing[-3].options
+    assert compiled_graph.options == [*climbing[-3].options, "--compile_mode=reduce-overhead"]
     host = [rung for rung in rungs if "--data_loader_config=lowmem" in rung.options]
-    assert rungs[-len(host):] == host and all(rung.nbatches == 5 for rung in host)
+    assert rungs[-len(host):] == host and all(rung.nbatches == ladder.HOST_LOADER_BATCHES for rung in host)
     fp16 = [rung for rung in rungs if "--amp_mode=fp16" in rung.options]
     assert fp16 and all("--enable_fused" in rung.options for rung in fp16)  # the scaler checks on the device
     assert sorted(rung.step for rung in rungs) == list(range(1, len(rungs) + 1))  # one place each on the ladder
@@ -299,9 +305,11 @@ def test_the_ladder_measures_first_what_no_gpu_run_has_measured():
 
 def test_the_table_lists_the_rungs_in_the_ladders_order():
     report = {"command": "x", "device": "d", "torch": "t", "cuda": "c", "date": "now", "runs": [
-        {"name": rung.name, "step": rung.step, "error": "not run"} for rung in ladder.rungs_for("gpu", dali=True)]}
+        {"name": rung.name, "step": rung.step, "table": rung.table, "error": "not run"}
+        for rung in ladder.rungs_for("gpu", dali=True)]}
     names = re.findall(r"^\| (.+?) \| failed", ladder.markdown_table(report), flags=re.M)
-    assert names[0] == "baseline: lowmem, 2 workers" and names[-1] == "batch 8: + CUDA graph"
+    assert names[0] == "baseline: lowmem, 2 workers" and names[-1] == "DALI"
+    assert names.index("+ compile's CUDA graphs (reduce-overhead)") < names.index("fp16 instead of bf16")
 
 
 def test_the_multi_gpu_runs_use_options_train_py_has():

@@ -3,6 +3,8 @@ output says so instead of ranking."""
 import json
 import os
 
+import pytest
+
 from benchmarks import plot_scaling
 from conftest import ROOT
 from utils import benchy, noise
@@ -24,9 +26,8 @@ def idle_trials(name):
 
 
 def test_busy_trials_are_said_to_be_noise_and_idle_ones_are_not():
-    assert noise.busy_note(BUSY) == ("the trials vary by 68% (SYNTHETIC: 1.34 to 2.64): the machine is busy; "
-                                     "rerun when it is idle")
-    assert noise.busy_note(idle_trials("ddp_1")) is None  # spreads of 4-7%
+    assert noise.busy_line(BUSY) == "the machine was busy: 68% spread (SYNTHETIC 1.34 to 2.64); rerun on an idle machine"
+    assert noise.busy_line(idle_trials("ddp_1")) is None  # spreads of 4-7%
 
 
 def test_an_impossible_order_is_never_printed_as_a_finding():
@@ -36,18 +37,19 @@ def test_an_impossible_order_is_never_printed_as_a_finding():
     # The busy machine's SYNTHETIC (about 2 samples/s) against the idle machine's FULL (84): FULL above
     # SYNTHETIC, and the busy note says why.
     mixed = {"SYNTHETIC": BUSY["SYNTHETIC"], "FULL": idle_trials("ddp_1")["FULL"]}
-    assert noise.order_note(mixed, above).startswith("FULL above SYNTHETIC cannot be: the trials vary by 68%")
-    # Steady trials in the wrong order: the load changed between them.
+    assert noise.order_note(mixed, above) == ("the machine was busy: 68% spread (SYNTHETIC 1.34 to 2.64; FULL above "
+                                              "SYNTHETIC: 84.1 against 1.91); rerun on an idle machine")
+    # Steady trials in the wrong order: the load changed between them, which is the same sign.
     steady = {"SYNTHETIC": idle_trials("ddp_1")["SYNTHETIC"], "FULL": idle_trials("noddp_2")["FULL"]}
-    assert noise.order_note(steady, above) == ("FULL above SYNTHETIC cannot be: the machine's load changed between "
-                                               "the measurements; rerun when it is idle")
+    assert noise.order_note(steady, above) == ("the machine was busy: 6% spread (FULL above SYNTHETIC: 159 against "
+                                               "86.4); rerun on an idle machine")
 
 
 def test_benchy_prints_the_note_under_its_summary_only_when_the_trials_are_noise(capsys):
     benchy.print_summary({kind: {"trial_throughput": trials} for kind, trials in BUSY.items()})
     busy = capsys.readouterr().out.splitlines()
-    assert busy[3] == ("BENCHY::SUMMARY::Noise: the trials vary by 68% (SYNTHETIC: 1.34 to 2.64): the machine is "
-                       "busy; rerun when it is idle. These throughputs rank nothing.")
+    assert busy[3] == ("BENCHY::SUMMARY::Noise: the machine was busy: 68% spread (SYNTHETIC 1.34 to 2.64); rerun on "
+                       "an idle machine. These throughputs rank nothing.")
     benchy.print_summary({kind: {"trial_throughput": trials} for kind, trials in idle_trials("ddp_1").items()})
     assert "Noise" not in capsys.readouterr().out
 
@@ -64,8 +66,8 @@ def test_the_scaling_table_prints_no_overhead_the_trials_cannot_separate_from_ze
     table = plot_scaling.markdown_table({1: 1.91}, {1: 1.13}, "CPU ranks",
                                         {"ddp": {1: [BUSY["SYNTHETIC"]]}, "noddp": {1: [BUSY["FULL"]]}})
     assert "| 1 | 1.9 | - | 1.1 | within noise (trials vary 68%) |" in table
-    assert table.endswith("Not a finding: the trials vary by 68% (ddp at 1: 1.34 to 2.64): the machine is busy; "
-                          "rerun when it is idle.")
+    assert table.endswith("Not a finding: the machine was busy: 68% spread (ddp at 1 1.34 to 2.64); rerun on an "
+                          "idle machine.")
 
 
 def test_profiles_do_not_rank_rungs_whose_steps_overlap():
@@ -84,5 +86,61 @@ def test_profiles_do_not_rank_rungs_whose_steps_overlap():
             {"rung": "gpu_inmem", "step_ms": [5413.959, 4697.401, 6234.471, 4968.054]}]
     assert profiles.ranking_notes(busy) == [
         "", "Not a ranking (the steps' times overlap):", "",
-        "- `gpu_inmem` against `baseline`: the trials vary by 29% (gpu_inmem: 4.7e+03 to 6.23e+03): the machine is "
-        "busy; rerun when it is idle; the table does not rank them."]
+        "- `gpu_inmem` against `baseline`: the machine was busy: 29% spread (gpu_inmem 4697 to 6234); rerun on "
+        "an idle machine; the table does not rank them."]
+
+
+def test_a_result_file_keeps_each_measurements_trials_and_their_summary():
+    kept = noise.summary([3.0, 1.0, 2.0])
+    assert kept == {"trials": [3.0, 1.0, 2.0], "mean": 2.0, "median": 2.0, "std": pytest.approx(0.8165, abs=1e-4),
+                    "min": 1.0, "max": 3.0, "spread": 1.0}
+    assert noise.summary([])["mean"] is None and noise.spread_text([5.0]) == "-" and noise.spread_text([1, 3]) == "100%"
+
+
+def test_the_number_to_compare_is_set_beside_the_readmes_and_not_compared_when_busy():
+    assert noise.compare_line("x", "6.8 times", "6.8 times", "f.json") == \
+        "The number to compare (README): x: 6.8 times; the README's: 6.8 times (f.json)."
+    busy = noise.busy_line(BUSY)
+    assert noise.compare_line("x", "5.0 times", "6.8 times", "f.json", busy).endswith(
+        f"(f.json). Not comparable: {busy}.")
+
+
+def test_the_ladder_judges_every_rung_and_prints_the_readmes_ratio():
+    """benchmarks.ladder --preset cpu: the committed run (the machine on its own; no trials kept then) is the
+    README's 6.8; trials like those of a busy run (FULL above SYNTHETIC) say the machine was busy."""
+    from benchmarks import ladder
+
+    with open(os.path.join(ROOT, ladder.REFERENCE)) as f:
+        committed = json.load(f)
+    assert ladder.judgement(committed) is None
+    assert ladder.compare_line(committed) == (
+        "The number to compare (README): the GPU-resident loader's IO over the original's lowmem: 6.8 times (3419.5 "
+        "against 505.1 samples/s); the README's: 6.8 times (3419.5 against 505.1) "
+        "(benchmarks/results/cpu-vm-2-cores-2026-11-25.json).")
+    busy = {**committed, "runs": [{**run, "trials": {"full": noise.summary([36.5, 36.0, 37.0]),
+                                                     "synthetic": noise.summary([9.6, 9.5, 9.7]),
+                                                     "io": noise.summary([500.0, 505.0, 510.0])}}
+                                  for run in committed["runs"]]}
+    assert ladder.judgement(busy) == (
+        "the machine was busy: 3% spread (original's lowmem: 24 rotations, velocities not turned, 2 workers: FULL "
+        "above SYNTHETIC: 36.5 against 9.6; 3 more such); rerun on an idle machine")
+    table = ladder.markdown_table(busy)
+    assert "| gpu-inmem on CPU tensors | 127.2 | 141.3 | 3419.5 | 3% / 2% / 2% |" in table
+    assert table.endswith(f"Not a ranking: {ladder.judgement(busy)}.\n")
+    assert ladder.compare_line(busy).endswith(f"Not comparable: {ladder.judgement(busy)}.")
+
+
+def test_the_profiles_compare_the_median_forward_pass_and_say_when_steps_spread():
+    from benchmarks import profiles
+
+    idle = [{"rung": "baseline", "step_ms": [98.0, 97.0, 99.0], "forward_ms": [50.0, 51.0, 50.5]},
+            {"rung": "gpu_inmem", "step_ms": [60.0, 61.0, 60.5], "forward_ms": [19.0, 19.2, 19.1]}]
+    assert profiles.judgement(idle) is None
+    assert profiles.forward_text(idle[0]) == "forward pass per step: median 50.5 ms, spread 2% over 3 steps (mean 50.5 ms)"
+    assert profiles.compare_line(idle, None) == (
+        "The number to compare (README): forward pass per step: 50.5 ms (baseline), 19.1 ms (gpu_inmem) (medians "
+        "of the steps); the README's: 50.3 ms, 19.1 ms (means of 4 steps) (example_logs/cpu_profiles/profiles.json).")
+    # One step of the load the issue saw (590.1 ms among about 35): the median stays, the line says busy.
+    busy = [{"rung": "baseline", "step_ms": [70.0] * 11 + [620.0], "forward_ms": [35.5] * 11 + [590.1]}]
+    assert profiles.forward_text(busy[0]).startswith("forward pass per step: median 35.5 ms, spread 679% over 12")
+    assert profiles.judgement(busy).startswith("the machine was busy: 679% spread (baseline: forward 35.5 to 590)")

@@ -2,7 +2,9 @@
 with and without --noddp) write, and on files with known throughputs."""
 import argparse
 import datetime
+import glob
 import json
+import os
 import subprocess
 import sys
 
@@ -114,3 +116,43 @@ def test_missing_files_are_refused_with_one_paragraph_and_cpu_ranks_are_named_so
                             timeout=timeout_for(120))
     assert result.returncode == 0, result.stderr
     assert "| CPU ranks |" in result.stdout and "GPU" not in result.stdout, result.stdout
+
+
+def test_the_plot_labels_each_overhead_as_the_table_does_and_goes_where_asked(tmp_path, monkeypatch, capsys):
+    """The committed CPU run's one-rank overhead is within noise in the table: the plot draws it as zero
+    and says so, rather than a percentage of noise. An --out path is honoured as given; without one the plot
+    goes to runs/benchmarks/."""
+    import matplotlib.figure
+
+    folder = os.path.join(ROOT, "benchmarks", "results", "scaling", "cpu-vm-2-cores-2026-11-25")
+    labels = []
+
+    def savefig(figure, path, *args, **kwargs):
+        labels.extend(text.get_text() for text in figure.axes[1].texts)
+        with open(path, "wb") as f:
+            f.write(b"\x89PNG")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    monkeypatch.chdir(tmp_path)
+    ddp, noddp = (sorted(glob.glob(os.path.join(folder, f"{mode}_*.json"))) for mode in ("ddp", "noddp"))
+    plot_scaling.main(["--ddp", *ddp, "--noddp", *noddp, "--out", "myscaling.png"])
+    assert labels == ["within noise\n(trials vary 3%)", "15.7%"]
+    assert "| 1 | 84.1 | 100.0% | 84.1 | within noise (trials vary 3%) |" in capsys.readouterr().out
+    assert (tmp_path / "myscaling.png").exists()
+    (tmp_path / "runs" / "benchmarks").mkdir(parents=True)
+    monkeypatch.setattr(plot_scaling, "user_file", lambda name: str(tmp_path / "runs" / "benchmarks" / name))
+    plot_scaling.main(["--ddp", *ddp])
+    assert (tmp_path / "runs" / "benchmarks" / "scaling.png").exists()
+
+
+def test_the_scaling_tool_prints_a_plot_command_that_runs_and_the_readmes_efficiency(tmp_path, capsys):
+    folder = os.path.join(ROOT, "benchmarks", "results", "scaling", "cpu-vm-2-cores-2026-11-25")
+    command = scaling.plot_command(folder).replace("benchmarks/results/scaling/cpu-vm-2-cores-2026-11-25/scaling.png",
+                                                   str(tmp_path / "scaling.png"))
+    result = subprocess.run(command, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]})
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "scaling.png").exists()
+    assert scaling.compare_efficiency(folder) == (
+        "The number to compare (README): 2 ranks with DDP: 79.6% weak-scaling efficiency, 15.7% lost to "
+        "communication; the README's: 79.6%, 15.7% (benchmarks/results/scaling/cpu-vm-2-cores-2026-11-25).")

@@ -26,6 +26,14 @@ def test_cpu_preset_trains_each_precision_and_refuses_to_overwrite(tmp_path, cap
     assert rungs["fp32"]["final_scale"] is None
     output = capsys.readouterr().out
     assert "| fp32 |" in output and "+0.00%" in output
+    # A line per epoch of each rung while it trains, the P ratio explained above the table, and the README's
+    # number beside the committed run's.
+    assert [line.split(":")[0] for line in output.splitlines() if " epoch 1/1" in line] == \
+        ["fp32 epoch 1/1", "bf16 epoch 1/1", "fp16 epoch 1/1"]
+    assert output.index("'P ratio at top k': P_pred(k) / P_true(k)") < output.index("| precision |")
+    difference = rungs["bf16"]["val_loss"] / rungs["fp32"]["val_loss"] - 1
+    assert (f"The number to compare (README): bf16's validation loss against fp32's: {difference:+.2%}; the "
+            "README's: -0.02% (benchmarks/results/precision/cpu-vm-2-cores-2026-11-25.json).") in output
     with pytest.raises(SystemExit):  # exit_on_user_error: the first run's results are kept
         precision.main(argv)
     assert "already holds" in " ".join(capsys.readouterr().err.split())

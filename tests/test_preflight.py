@@ -45,7 +45,7 @@ def test_a_missing_compiler_or_failing_build_is_named(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(broken))
     assert "Python.h: No such file or directory" in preflight.compile_problem()
     # The ladder skips its compile rung with that line, and keeps the others.
-    [compile_rung] = [rung for rung in ladder.GPU_RUNGS if "--jit_mode=compile" in rung.options]
+    compile_rung = next(rung for rung in ladder.GPU_RUNGS if "--jit_mode=compile" in rung.options)
     assert "Python.h" in ladder.skip_reason(compile_rung)
     assert ladder.skip_reason(ladder.GPU_RUNGS[0]) is None
 

@@ -633,9 +633,9 @@ RUN = {
     "python -m benchmarks.domain --crops 128 256 --ranks 1 2 4": Run(
         append="--base_channels 4 --crops 128 --ranks 1 2 --out_dir domain_out", data=False, check=check_domain),
     # Its inputs come from the sbatch loop above; here from two real one-rank CPU benchy runs.
-    "python -m benchmarks.plot_scaling --ddp scaling/ddp_*.json --noddp scaling/noddp_*.json --out scaling.png": Run(
-        before=(benchy_run("ddp_1"), benchy_run("noddp_1", "--noddp")),
-        env={"BENCHY_CONFIG_FILE": "{scratch}/benchy.yaml"}, check=check_png("runs/benchmarks/scaling.png")),
+    "python -m benchmarks.plot_scaling --ddp scaling/ddp_*.json --noddp scaling/noddp_*.json --out scaling/scaling.png":
+        Run(before=(benchy_run("ddp_1"), benchy_run("noddp_1", "--noddp")),
+            env={"BENCHY_CONFIG_FILE": "{scratch}/benchy.yaml"}, check=check_png("scaling/scaling.png")),
 }
 
 # The single-GPU performance section: each step is the short config with a few options, run here shrunk like
