@@ -16,7 +16,9 @@
 #
 # The stages:
 #   preflight         python -m benchmarks.preflight: what the later stages rely on
-#   ladder            python -m benchmarks.ladder --group gpu: the GPU-resident rungs
+#   ladder            python -m benchmarks.ladder --group ladder: the GPU-resident rungs, each adding one thing
+#   ladder-alone      python -m benchmarks.ladder --group alone: the GPU-resident rungs measured alone
+#   batch-sweep       the ladder's top rung at local batch 64, 128 and 256, with peak memory
 #   profiles          python -m benchmarks.profiles (five rungs), benchmarks.layers and,
 #                     where the tree has it, benchmarks.cudnn_autotune
 #   tests-gpu         the GPU-only tests (-m gpu) but torch.compile's, DALI's and the distributed ones
@@ -85,9 +87,9 @@ export PYTHONUNBUFFERED=1
 
 # Seconds per stage and per step: priced by benchmarks/suite_plan.py (--plan shows both; a test keeps
 # these equal to its figures).
-declare -A BUDGET=([preflight]=60 [ladder]=380 [profiles]=220 [tests-gpu]=340 [tests-compile]=170
-                   [tests-distributed]=400 [scaling]=110 [dali]=320 [multi-gpu]=210 [nsys-probe]=320)
-STAGES="preflight ladder profiles tests-gpu tests-compile tests-distributed scaling dali multi-gpu nsys-probe"
+declare -A BUDGET=([preflight]=60 [ladder]=430 [ladder-alone]=270 [batch-sweep]=340 [profiles]=220 [tests-gpu]=340 [tests-compile]=170
+                   [tests-distributed]=400 [scaling]=110 [dali]=330 [multi-gpu]=210 [nsys-probe]=320)
+STAGES="preflight ladder ladder-alone batch-sweep profiles tests-gpu tests-compile tests-distributed scaling dali multi-gpu nsys-probe"
 NSYS_LIMIT=120  # seconds for one Nsight Systems route: its start, the run, the report (its importer included)
 
 # The tools' sizes: the GPU's, or, with CPU_CHECK=1, the CPU presets' at their smallest (the same code path).
@@ -244,10 +246,23 @@ stage_preflight() {
 }
 
 stage_ladder() {
-    # The GPU-resident loader's rungs, each in a process of its own; the compile rung skips itself, with
-    # the reason, where torch.compile cannot build; DALI's and the host loaders' are the dali stage's.
-    step ladder 330 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group gpu --data_dir "$DATA_DIR" \
-        --out_dir "$RESULTS" --overwrite "${LADDER_SIZES[@]}"
+    # The cumulative ladder's GPU-resident rungs, each in a process of its own; the compile rungs skip
+    # themselves, with the reason, where torch.compile cannot build; DALI's and the host loaders' are the
+    # dali stage's, the rungs alone the ladder-alone stage's.
+    step ladder 380 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group ladder --data_dir "$DATA_DIR" \
+        --out_dir "$RESULTS" --overwrite --batch_sweep "${LADDER_SIZES[@]}"  # the sweep is the batch-sweep stage's
+}
+
+stage_batch-sweep() {
+    # The ladder's top rung (everything together), then at local batch 64, 128 and 256, with peak memory.
+    step batch-sweep 300 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group ladder --only "compile's CUDA graphs" \
+        --data_dir "$DATA_DIR" --out_dir "$RESULTS/batch-sweep" --overwrite "${LADDER_SIZES[@]}"
+}
+
+stage_ladder-alone() {
+    # Each GPU-resident rung alone on bf16 + fused Adam, in a folder of its own (the ladder's files keep their names).
+    step ladder-alone 230 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group alone --data_dir "$DATA_DIR" \
+        --out_dir "$RESULTS/ladder-alone" --overwrite "${LADDER_SIZES[@]}"
 }
 
 stage_profiles() {
@@ -319,7 +334,7 @@ stage_dali() {
         step profile-dali 50 "$PYTHON" -m benchmarks.profiles --preset "$PRESET" --data_dir "$DATA_DIR" --only dali \
             --timeout 120 --out_dir "$RESULTS/profiles-dali" --overwrite || status=1
     fi
-    step loaders 200 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group loaders --data_dir "$DATA_DIR" \
+    step loaders 210 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group loaders --data_dir "$DATA_DIR" \
         --out_dir "$RESULTS/loaders" --overwrite "${LADDER_SIZES[@]}" "${LOADER_ONLY[@]}" || status=1
     return $status
 }

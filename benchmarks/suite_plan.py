@@ -56,9 +56,11 @@ from benchmarks.trials import warmup_trials
 ASSUMED_IO = {"lowmem, 2 workers": 85, "lowmem, 8 workers": 199, "dali": 944, "gpu-inmem": 900}
 ASSUMED_COMPUTE = {"fp32": 482, "amp": 820, "batch 8": 400}  # TF32 baseline, fp16 AMP, batch 8 (launch-bound)
 # Seconds, estimated: a rung's build (model, optimiser, loader; cuDNN's autotuning lands in its warm-up
-# trial), a process's start (Python, torch, CUDA), the data set (measured: 19 s for 256^3 on the
-# project's 2-core CPU machine), a train.py run of the tiny test config on a GPU.
-SETUP_S = {"rung": 10, "compile": 90, "graph": 10, "dali": 15, "data": 20, "process": 6, "test run": 20}
+# trial), torch.compile's compilation of the step (the whole torch.compile rung, compilation and trials, took
+# 42 s on an H100 on 2026-11-25 and 32 s on an H200 on 2026-11-26: gpu_suite-ladder-*.log), a process's
+# start (Python, torch, CUDA), the data set (measured: 19 s for 256^3 on the project's 2-core CPU
+# machine), a train.py run of the tiny test config on a GPU.
+SETUP_S = {"rung": 10, "compile": 45, "graph": 10, "dali": 15, "data": 20, "process": 6, "test run": 20}
 # The ladder's trial sizes on a GPU (gpu_suite.sh passes them; a test keeps the two equal).
 LADDER = {"nbatches": 6, "ntrials": 2, "nwarmup": 1}
 PREFETCH_FACTOR = 2   # a DataLoader's batches in flight per worker (utils/data_loader.py)
@@ -175,9 +177,14 @@ RESERVED_RUNGS = [ladder.Rung("lowmem, 8 workers + device prefetch (room kept fo
                               nbatches=5)]
 
 
-def ladder_rows(group, nbatches=LADDER["nbatches"], ntrials=LADDER["ntrials"], nwarmup=LADDER["nwarmup"], batch=64):
+# The batch-sweep stage's rung (the ladder's --only): the ladder's top rung, everything together.
+SWEEP_RUNG = "compile's CUDA graphs"
+
+
+def ladder_rows(group, nbatches=LADDER["nbatches"], ntrials=LADDER["ntrials"], nwarmup=LADDER["nwarmup"], batch=64,
+                only="", sweep=False):
     rows = [("make the 256^3 data set and its .npy copies", SETUP_S["data"])]
-    rungs = ladder.rungs_for("gpu", dali=True, group=group)
+    rungs = [rung for rung in ladder.rungs_for("gpu", dali=True, group=group) if only in rung.name]
     if group == "loaders" and not any("--device_prefetch=true" in rung.options for rung in rungs):
         rungs = rungs + RESERVED_RUNGS
     for rung in rungs:
@@ -185,6 +192,12 @@ def ladder_rows(group, nbatches=LADDER["nbatches"], ntrials=LADDER["ntrials"], n
         batches = min(nbatches, rung.nbatches or nbatches)
         rows.append((f"{rung.name} (a process of its own)", rung_setup(rung.options, rung.script, size)
                      + trial_seconds(rung.options, batches, ntrials, nwarmup, size)))
+    if sweep:  # the local-batch sweep at the best rung measured, priced as the top rung
+        top = ladder.LADDER_RUNGS[-1]
+        for size in ladder.BATCH_SWEEP:
+            rows.append((f"the batch sweep: the best rung at local batch {size} (a process of its own)",
+                         rung_setup(top.options, top.script, size) + trial_seconds(top.options, nbatches, ntrials,
+                                                                                  nwarmup, size)))
     return rows
 
 
@@ -227,7 +240,9 @@ def steps():
         "preflight": [("preflight", [("versions, memory, /dev/shm, compiler, a bf16 Conv3d, where the 3-D "
                                       "convolutions run, a profiler trace, DALI", 20),
                                      ("nsys: a report of a short CUDA program (ended at 30 s)", 20)])],
-        "ladder": [("ladder", ladder_rows("gpu"))],
+        "ladder": [("ladder", ladder_rows("ladder"))],
+        "ladder-alone": [("ladder-alone", ladder_rows("alone"))],
+        "batch-sweep": [("batch-sweep", ladder_rows("ladder", only=SWEEP_RUNG, sweep=True))],
         "profiles": [("profiles", profiles_rows()), ("layers", layers_rows()),
                      ("cudnn-autotune", [("python -m benchmarks.cudnn_autotune: cuDNN autotuning's first-step "
                                           "cost (where the tree has it)", CUDNN_AUTOTUNE_S)])],
@@ -279,8 +294,8 @@ def dali_commands(parts=DALI_PARTS):
 
 # The single-GPU plan: sessions, each on a bare machine, the most valuable first; in each, commands of stages.
 # ["dali"] is DALI's session: its parts, one a command, the last with the dali stage (dali_commands).
-SINGLE_GPU = [[["preflight"], ["ladder"], ["profiles"]], [["tests-gpu", "tests-compile"], ["scaling"]],
-              [["tests-distributed"]], [["nsys-probe"]], [["dali"]]]
+SINGLE_GPU = [[["preflight"], ["ladder"], ["scaling"]], [["ladder-alone"], ["profiles"]],
+              [["tests-gpu", "tests-compile"]], [["tests-distributed"]], [["batch-sweep"], ["nsys-probe"]], [["dali"]]]
 MULTI_GPU = [[["preflight"], ["multi-gpu"], ["scaling"]]]
 
 
@@ -345,8 +360,12 @@ def stage_budgets(limit=540):
 STAGE_INFO = {
     "preflight": ("what the later stages rely on: versions, memory, the compiler, bf16 convolutions, nsys, DALI",
                   ["preflight.json"]),
-    "ladder": ("the optimisation ladder's GPU-resident rungs: IO, SYNTHETIC and FULL samples/s, MFU",
-               ["<device>-<date>.md", "<device>-<date>.json"]),
+    "ladder": ("the optimisation ladder's GPU-resident rungs, each adding one thing: IO, SYNTHETIC and FULL "
+               "samples/s, MFU", ["<device>-<date>.md", "<device>-<date>.json"]),
+    "ladder-alone": ("the GPU-resident rungs measured alone on bf16 + fused Adam (fp16, TorchScript, compile, the "
+                     "exact forms, the CUDA graph, batch 8)", ["ladder-alone/"]),
+    "batch-sweep": ("the ladder's top rung at local batch 64, 128 and 256: samples/s and peak memory",
+                    ["batch-sweep/"]),
     "profiles": ("per-phase step times and traces of five rungs, the layers one by one, cuDNN autotuning's first step",
                  ["profiles/", "layers/"]),
     "tests-gpu": ("the GPU-only tests: CUDA graphs, no host syncs, profiling, device prefetch, out-of-memory",

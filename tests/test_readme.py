@@ -447,9 +447,10 @@ def check_precision(scratch, output):
 
 def check_plan(scratch, output):
     assert re.findall(r"^ *\d+\. stage ([\w -]+?): budget \d+ s, about \d+ s; carry .+?; timeout_s \d+ \(fits\)$",
-                      output, flags=re.M) == ["preflight", "ladder", "profiles", "tests-gpu and tests-compile", "scaling",
-                                              "tests-distributed", "nsys-probe"]
-    assert len(re.findall(r"of the 15 min of device time a session has \(fits, with \d+ s to spare\)", output)) == 5
+                      output, flags=re.M) == ["preflight", "ladder", "scaling", "ladder-alone", "profiles",
+                                              "tests-gpu and tests-compile", "tests-distributed", "batch-sweep",
+                                              "nsys-probe"]
+    assert len(re.findall(r"of the 15 min of device time a session has \(fits, with \d+ s to spare\)", output)) == 6
     assert "(each fits its 15 min)" in output
 
 
