@@ -30,6 +30,8 @@
 #                     (LOADERS_ONLY=DALI: its rung alone)
 #   multi-gpu         DDP, FSDP, domain [2,1,1] and the CUDA-graph step under DDP, over NCCL (two GPUs
 #                     or more; with one it says so and passes)
+#   original          python -m benchmarks.original: the original tutorial's train.py beside this project's
+#                     rungs on the same data (ORIGINAL=<its checkout>, default .carry/sc22-original)
 #   nsys-probe        which Nsight Systems writes a report of train.py's profiling window here: the
 #                     machine's own nsys, and Debian's 2022.4 CLI where its .deb is in .carry/nsys/;
 #                     each route's log, report or raw .qdstrm capture under nsys-probe/
@@ -88,8 +90,8 @@ export PYTHONUNBUFFERED=1
 # Seconds per stage and per step: priced by benchmarks/suite_plan.py (--plan shows both; a test keeps
 # these equal to its figures).
 declare -A BUDGET=([preflight]=60 [ladder]=430 [ladder-alone]=270 [batch-sweep]=340 [profiles]=220 [tests-gpu]=340 [tests-compile]=170
-                   [tests-distributed]=400 [scaling]=110 [dali]=330 [multi-gpu]=210 [nsys-probe]=320)
-STAGES="preflight ladder ladder-alone batch-sweep profiles tests-gpu tests-compile tests-distributed scaling dali multi-gpu nsys-probe"
+                   [tests-distributed]=400 [scaling]=110 [dali]=330 [multi-gpu]=210 [nsys-probe]=320 [original]=530)
+STAGES="preflight ladder ladder-alone batch-sweep profiles tests-gpu tests-compile tests-distributed scaling dali multi-gpu nsys-probe original"
 NSYS_LIMIT=120  # seconds for one Nsight Systems route: its start, the run, the report (its importer included)
 
 # The tools' sizes: the GPU's, or, with CPU_CHECK=1, the CPU presets' at their smallest (the same code path).
@@ -391,6 +393,24 @@ nsys_route() {
     note "nsys route $name: $(tail -n +2 "$dir/$name.log" | grep -m1 -i 'version' || echo 'no version');" \
          "$(grep -o 'exit status [0-9]*' "$dir/$name.log"); log $dir/$name.log"
     [ -f "$dir/$name.nsys-rep" ] || [ -f "$dir/$name.qdstrm" ]
+}
+
+stage_original() {
+    # The original tutorial's train.py beside this project's rungs on the same data (benchmarks/original.py),
+    # from a checkout of the original: ORIGINAL=<folder>, by default .carry/sc22-original (the plan carries a
+    # copy there) or ../shared/sc22/original.
+    local checkout=${ORIGINAL:-} args
+    [ -z "$checkout" ] && for checkout in .carry/sc22-original ../shared/sc22/original ""; do
+        [ -f "$checkout/train.py" ] && break
+    done
+    args=(--original="$checkout" --data_dir "$DATA_DIR" --out_dir "$RESULTS/original" --overwrite)
+    if [ -n "$CPU_CHECK" ]; then
+        args=(--help)  # the original's train.py needs CUDA: the GPU measures it
+    elif [ -z "$checkout" ]; then
+        note "step original not run: no checkout of the original tutorial (ORIGINAL=<folder>, .carry/sc22-original)"
+        return 1
+    fi
+    step original 500 "$PYTHON" -m benchmarks.original "${args[@]}"
 }
 
 stage_nsys-probe() {

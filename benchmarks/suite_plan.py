@@ -101,6 +101,10 @@ DALI_INSTALL_S = 20   # joining the parts, their sha256 and tar xJf: the extract
 # at least 120 s, where a 30 s probe of the machine's own nsys wrote no report.
 NSYS_LIMIT_S = 120
 NSYS_CARRY = ".carry/nsys"  # Debian's nsight-systems-target .deb, for the nsys-probe stage
+ORIGINAL_CARRY = ".carry/sc22-original"  # a copy of the original tutorial's checkout, for the original stage
+# The original stage's runs of the original's train.py (benchmarks/original.py): epochs of its samples each,
+# the first included; its baseline's rate, and its optimised runs' (fp16, FusedAdam, JIT, 8 workers or DALI).
+ORIGINAL_EPOCHS, ORIGINAL_SAMPLES = 3, 1280
 COPY_BUDGET = 10      # a part's command: a copy of 56 MiB on the machine
 CUDNN_AUTOTUNE_S = 60  # python -m benchmarks.cudnn_autotune: the first step with and without autotuning
 # Where each command installs what it carries (DALI's site too), and gathers DALI's parts: under $HOME (/root on
@@ -201,6 +205,29 @@ def ladder_rows(group, nbatches=LADDER["nbatches"], ntrials=LADDER["ntrials"], n
     return rows
 
 
+def original_rows(dali=False, batch=64):
+    """benchmarks/original.py on a GPU: the original's runs (its epochs, at the original's published rates,
+    with a process's start and one validation), then this project's rungs as the ladder measures them. Its
+    session has no DALI (DALI travels in the dali session's parts): the DALI runs of both sides are not run."""
+    from benchmarks import original  # imports torch's CUDA checks only when called
+    rows = [("make the 256^3 data set and its .npy copies", SETUP_S["data"])]
+    for entry in original.ORIGINAL_RUNS:
+        if entry.get("dali") and not dali:
+            continue
+        rate = ASSUMED_IO["lowmem, 2 workers"] if entry.get("baseline") else min(
+            ASSUMED_IO["dali" if entry.get("dali") else "lowmem, 8 workers"], ASSUMED_COMPUTE["amp"])
+        rows.append((f"the original: {entry['name']}", 2 * SETUP_S["process"] + SETUP_S["rung"]
+                     + ORIGINAL_EPOCHS * ORIGINAL_SAMPLES / rate))
+    rungs = ladder.rungs_for("gpu", dali=dali)
+    for fragment, rung in original.pick_rungs(list(original.DEFAULT_RUNGS), rungs):
+        if rung is None:
+            continue
+        nbatches = max(10, rung.nbatches or 0)  # benchmarks/original.py's --nbatches, or a host loader's floor
+        rows.append((f"this project: {rung.name} (a process of its own)", rung_setup(rung.options, rung.script, batch)
+                     + trial_seconds(rung.options, nbatches, 2, 1, batch)))
+    return rows
+
+
 def profiles_rows(steps=4, batch=64):
     rows = [("make the 256^3 data set", SETUP_S["data"]),
             ("nsys probe, where no carried preflight answers (at most 45 s; nsys runs then double each rung's)", 0)]
@@ -243,6 +270,7 @@ def steps():
         "ladder": [("ladder", ladder_rows("ladder"))],
         "ladder-alone": [("ladder-alone", ladder_rows("alone"))],
         "batch-sweep": [("batch-sweep", ladder_rows("ladder", only=SWEEP_RUNG, sweep=True))],
+        "original": [("original", original_rows())],
         "profiles": [("profiles", profiles_rows()), ("layers", layers_rows()),
                      ("cudnn-autotune", [("python -m benchmarks.cudnn_autotune: cuDNN autotuning's first-step "
                                           "cost (where the tree has it)", CUDNN_AUTOTUNE_S)])],
@@ -295,7 +323,8 @@ def dali_commands(parts=DALI_PARTS):
 # The single-GPU plan: sessions, each on a bare machine, the most valuable first; in each, commands of stages.
 # ["dali"] is DALI's session: its parts, one a command, the last with the dali stage (dali_commands).
 SINGLE_GPU = [[["preflight"], ["ladder"], ["scaling"]], [["ladder-alone"], ["profiles"]],
-              [["tests-gpu", "tests-compile"]], [["tests-distributed"]], [["batch-sweep"], ["nsys-probe"]], [["dali"]]]
+              [["tests-gpu", "tests-compile"]], [["tests-distributed"]], [["batch-sweep"], ["nsys-probe"]], [["original"]],
+              [["dali"]]]
 MULTI_GPU = [[["preflight"], ["multi-gpu"], ["scaling"]]]
 
 
@@ -305,6 +334,8 @@ def stage_command(stages, priced, limit):
     carry = [WHEELS] if stages == ["preflight"] else [WHEELS, CARRIED_PREFLIGHT]
     if "nsys-probe" in stages:
         carry.append(NSYS_CARRY)
+    if "original" in stages:
+        carry.append(ORIGINAL_CARRY)
     return {"what": "stage " + " and ".join(stages), "stages": stages, "command": suite(stages), "carry": carry,
             "estimate": sum(stage_estimate(priced[stage]) for stage in stages),
             "transfer": DALI_PART_TRANSFER_S if NSYS_CARRY in carry else TRANSFER_S,  # the .deb: as a DALI part
@@ -378,6 +409,8 @@ STAGE_INFO = {
     "dali": ("DALI's GPU tests and profile, the ladder's DALI and host-loader rungs", ["loaders/", "profiles-dali/"]),
     "multi-gpu": ("DDP, FSDP, domain [2,1,1] and the CUDA-graph step under DDP over NCCL (2 GPUs or more)",
                   ["multi-gpu/"]),
+    "original": ("the original tutorial's train.py (baseline, its optimisations) beside this project's rungs, on the "
+                 "same data: samples/s and ratios", ["original/"]),
     "nsys-probe": ("which Nsight Systems writes a report of train.py's profiling window: the machine's own, "
                    "Debian's 2022.4 CLI", ["nsys-probe/"]),
 }
@@ -461,6 +494,10 @@ def main(argv=None):
               "tracked): add contrib non-free to the Components of the Debian source, apt-get update, then "
               f"(cd {NSYS_CARRY} && apt-get download nsight-systems-target); without it that route says so and the "
               "stage goes on.")
+    if any("original" in command["stages"] for command in commands):
+        print(f"Before the original session, a copy of the original tutorial's checkout in {ORIGINAL_CARRY}/ (not "
+              f"tracked; about 200 KB): cp -r ../shared/sc22/original {ORIGINAL_CARRY}, or a clone of "
+              "NERSC/sc22-dl-tutorial; without it the stage says so and ends.")
     print(f"After command 1, within the 30 s: mkdir -p {CARRIED_PREFLIGHT} && tar xzf <its files>/gpu_suite_"
           f"preflight.tgz -O {SUITE_RESULTS}/preflight.json > {CARRIED_PREFLIGHT}/preflight.json (the "
           "preflight's nsys answer, carried by the commands after it, in later sessions too; without it the "

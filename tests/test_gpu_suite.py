@@ -50,16 +50,16 @@ def test_the_plan_fits_its_sessions_most_valuable_first_each_command_installing_
                and len(command) <= 2000 for _, _, budget, estimate, _, timeout, fits, command in commands)
     stages = [re.search(r"gpu_suite\.sh (.+)$", command).group(1) for *_, command in commands if "gpu_suite.sh" in command]
     assert stages == ["preflight", "ladder", "scaling", "ladder-alone", "profiles", "tests-gpu tests-compile",
-                      "tests-distributed", "batch-sweep", "nsys-probe", "dali"]  # by value
+                      "tests-distributed", "batch-sweep", "nsys-probe", "original", "dali"]  # by value
     # Sessions, each on a bare machine, by value: the cumulative ladder and the scaling point, the rungs alone and
     # the profiles, the tests, the distributed code on CUDA tensors, the batch sweep and the Nsight Systems routes,
-    # DALI.
+    # the original's code beside this one, DALI.
     sessions = suite_plan.plan()
     assert [[stage for command in session for stage in command["stages"]] for session in sessions] == [
         ["preflight", "ladder", "scaling"], ["ladder-alone", "profiles"], ["tests-gpu", "tests-compile"],
-        ["tests-distributed"], ["batch-sweep", "nsys-probe"], ["dali"]]
-    printed = re.split(r"^Session \d+ of 6: .*$", output, flags=re.M)
-    assert len(printed) == 7 and [len(heads(text)) for text in printed[1:]] == [len(session) for session in sessions]
+        ["tests-distributed"], ["batch-sweep", "nsys-probe"], ["original"], ["dali"]]
+    printed = re.split(r"^Session \d+ of 7: .*$", output, flags=re.M)
+    assert len(printed) == 8 and [len(heads(text)) for text in printed[1:]] == [len(session) for session in sessions]
     # Every command that runs a stage installs the small wheels it carries first, into a folder under HOME.
     for _, what, _, _, carry, _, _, command in commands:
         if "gpu_suite.sh" in command:
@@ -77,14 +77,14 @@ def test_the_plan_fits_its_sessions_most_valuable_first_each_command_installing_
                         r"estimated\); with the machine's start \(120 s\) and the idle 30 s after its last command: "
                         r"about [\d.]+ min, at most ([\d.]+) min if every command used its whole budget, of the 15 min "
                         r"of device time a session has \(fits, with (\d+) s to spare\)\.$", output, flags=re.M)
-    assert [int(number) for number, *_ in totals] == [1, 2, 3, 4, 5, 6]
+    assert [int(number) for number, *_ in totals] == [1, 2, 3, 4, 5, 6, 7]
     for session, (_, transfers, most, spare) in zip(sessions, totals):
         estimated, budgeted = suite_plan.session_seconds(session)
         assert budgeted == suite_plan.START_S + suite_plan.IDLE_S + sum(c["budget"] + c["transfer"] for c in session)
         assert estimated < budgeted and float(most) == round(budgeted / 60, 1) and int(transfers) == sum(
             c["transfer"] for c in session)
         assert int(spare) == suite_plan.SESSION_S - budgeted >= suite_plan.MARGIN_S
-    assert "all sessions: 6, " in output and "(each fits its 15 min)" in output
+    assert "all sessions: 7, " in output and "(each fits its 15 min)" in output
     assert "for a remote GPU machine with a time limit" in output and "lease" not in output
     assert "One GPU runs DDP, FSDP and accumulation with two ranks over gloo" in output and "--plan --gpus 4" in output
     # Room kept for what the ladder and the tests will have: the prefetch rung, the prefetch tests, cuDNN's autotuning.
@@ -97,7 +97,7 @@ def test_a_session_that_cannot_fit_is_reported(monkeypatch, capsys):
     output = capsys.readouterr().out
     assert re.search(r"^session 1: .*\(DOES NOT FIT\)\.$", output, flags=re.M)
     assert re.search(r"^session 4: .*\(fits, with \d+ s to spare\)\.$", output, flags=re.M)  # 555 s
-    assert "all sessions: 6, " in output and output.rstrip().endswith("(DOES NOT FIT).")
+    assert "all sessions: 7, " in output and output.rstrip().endswith("(DOES NOT FIT).")
 
 
 def test_the_multi_gpu_plan_is_ready_to_paste():
@@ -128,6 +128,8 @@ def test_the_script_enforces_the_plans_budgets_and_runs_what_it_prices():
     assert '--batch_sweep "${LADDER_SIZES[@]}"' in commands["ladder"]  # none: the batch-sweep stage's
     assert f'--only "{suite_plan.SWEEP_RUNG}"' in commands["batch-sweep"] and any(
         suite_plan.SWEEP_RUNG in rung.name for rung in ladder.LADDER_RUNGS[-1:])
+    assert '-m benchmarks.original "${args[@]}"' in commands["original"] and "args=(--help)" in commands["original"]
+    assert '--out_dir "$RESULTS/original"' in commands["original"]
     assert "--group alone" in commands["ladder-alone"] and '--out_dir "$RESULTS/ladder-alone"' in commands["ladder-alone"]
     assert "--group loaders" in commands["dali"] and '-m gpu -k dali' in commands["dali"]
     assert "-m benchmarks.profiles" in commands["profiles"] and "-m benchmarks.layers" in commands["profiles"]

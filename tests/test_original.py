@@ -227,7 +227,7 @@ def test_main_runs_both_sides_and_writes_what_it_measured(tmp_path, monkeypatch,
         return {"full": 10.0, "synthetic": 12.0, "io": 30.0, "precision": "bf16"}
     monkeypatch.setattr(ladder, "measure_in_process", measure_in_process)
     original.main([f"--original={CHECKOUT}", f"--out_dir={tmp_path / 'out'}", f"--data_dir={tmp_path / 'data'}",
-                   f"--work_dir={tmp_path / 'work'}", "--rungs=baseline|+ fused Adam (bf16)|no such rung",
+                   f"--work_dir={tmp_path / 'work'}", "--rungs=baseline|+ fused Adam|no such rung",
                    "--rung_timeout=300"])
     [base] = [str(path)[:-5] for path in (tmp_path / "out").glob("test-gpu-*.json")]
     with open(base + ".json") as f:
@@ -235,11 +235,12 @@ def test_main_runs_both_sides_and_writes_what_it_measured(tmp_path, monkeypatch,
     [run] = report["original_runs"]
     assert run["name"] == original.ORIGINAL_RUNS[0]["name"] and run["samples_per_s"] is None
     assert run["error"].startswith("exit status 1")
-    assert [run["name"] for run in report["runs"]] == ["baseline: lowmem, 2 workers", "+ fused Adam (bf16)",
+    assert [run["name"] for run in report["runs"]] == ["baseline: lowmem, 2 workers", "+ fused Adam",
                                                         "no such rung"]
     assert report["runs"][0]["baseline"] and report["runs"][0]["full"] == 10.0 and "error" in report["runs"][2]
-    assert [name for name, _, _ in measured] == ["baseline: lowmem, 2 workers", "+ fused Adam (bf16)"]
-    assert measured[0][2] == (5, 2, 1) and "--device=cuda" in measured[0][1]  # the baseline's 5 batches a trial
+    assert [name for name, _, _ in measured] == ["baseline: lowmem, 2 workers", "+ fused Adam"]
+    # The baseline: a host loader's rung, at least the ladder's HOST_LOADER_BATCHES a trial
+    assert measured[0][2] == (ladder.HOST_LOADER_BATCHES, 2, 1) and "--device=cuda" in measured[0][1]
     assert report["ratios"] == {"baseline": None, "fastest": None} and "stand-in" in report["apex"]
     with open(base + ".yaml") as f:
         config = yaml.safe_load(f)["benchmark"]

@@ -449,8 +449,8 @@ def check_plan(scratch, output):
     assert re.findall(r"^ *\d+\. stage ([\w -]+?): budget \d+ s, about \d+ s; carry .+?; timeout_s \d+ \(fits\)$",
                       output, flags=re.M) == ["preflight", "ladder", "scaling", "ladder-alone", "profiles",
                                               "tests-gpu and tests-compile", "tests-distributed", "batch-sweep",
-                                              "nsys-probe"]
-    assert len(re.findall(r"of the 15 min of device time a session has \(fits, with \d+ s to spare\)", output)) == 6
+                                              "nsys-probe", "original"]
+    assert len(re.findall(r"of the 15 min of device time a session has \(fits, with \d+ s to spare\)", output)) == 7
     assert "(each fits its 15 min)" in output
 
 
