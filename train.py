@@ -18,11 +18,12 @@ import shutil
 import sys
 import time
 
+import utils.env_check  # noqa: F401  before torch: a Python without the project's packages gets a one-line hint
 import torch
 
 from networks.UNet import UNet
 from utils import get_data_loader_distributed, lr_schedule
-from utils.YParams import data_parallel_size, load_params, write_yaml
+from utils.YParams import data_parallel_size, write_yaml
 from utils.accumulation import GradAccumulation
 from utils.benchy import check_benchy_options, wrap_for_benchy
 from utils.checkpoint import CHECKPOINT_NAME, Checkpointer, load_checkpoint
@@ -42,7 +43,7 @@ from utils.prefetch import device_prefetcher
 from utils.preview import render_preview, save_png
 from utils.profiling import DEFAULT_WINDOWS, Profiling, annotate, check_profiling_options
 from utils.progress import Progress
-from utils.runs import (CONFIG_NAME, changed_options, default_run_num, record_config,
+from utils.runs import (CONFIG_NAME, changed_options, default_run_num, load_run_params, record_config,
                         refuse_resume_without_checkpoint, run_num_given, schedule_change)
 from utils.signals import StopSignals
 from utils.step_spread import step_spread
@@ -68,7 +69,7 @@ def pick_device(params, world):
     """The training device, chosen once: this rank's GPU when there is one, else the CPU. Logs which
     backend its 3-D convolutions use, with a warning where a PyTorch/cuDNN release makes them slow, and
     refuses --jit_mode=compile on a machine where torch.compile cannot build (no C compiler or Python.h)."""
-    if params.device == "cpu" or (params.device == "auto" and not torch.cuda.is_available()):
+    if device_kind(params) == "CPU":
         device = torch.device("cpu")
     elif not torch.cuda.is_available():
         raise UserError("--device=cuda but PyTorch sees no CUDA device. Use --device=auto (or cpu), or "
@@ -86,6 +87,13 @@ def pick_device(params, world):
     if world.is_main:
         check_conv3d(device, params.amp_mode, params.tf32, params.channels_last)
     return device
+
+
+def device_kind(params):
+    """'CPU' or 'GPU': the kind of device :func:`pick_device` chooses (it names the run directory's
+    <N>CPU|GPU folder, where --resume looks for the run's options)."""
+    on_cpu = params.device == "cpu" or (params.device == "auto" and not torch.cuda.is_available())
+    return "CPU" if on_cpu else "GPU"
 
 
 def check_crop_size(params):
@@ -184,7 +192,8 @@ def training_loss(model, loss_fn, params):
 
 def resume(run_dir, model, optimizer, scaler, params, world, steps_per_epoch):
     """With --resume, the saved position, with states restored, and what changed options mean for
-    the schedule; without, the start.
+    the schedule (said by rank 0: every rank sees the same); without, the start. The options
+    themselves are the run's own already (utils/runs.py's load_run_params).
 
     A run directory with no run is refused (a mistyped --run_num or a forgotten --config); one that
     holds a run but no checkpoint yet (stopped before its first one) starts again from step 0; a run
@@ -196,8 +205,9 @@ def resume(run_dir, model, optimizer, scaler, params, world, steps_per_epoch):
     if not os.path.exists(path):
         if not os.path.exists(os.path.join(run_dir, "out.log")):
             refuse_resume_without_checkpoint(run_dir, params, CHECKPOINT_NAME)
-        logging.warning("%s holds a run but no checkpoint (it stopped before its first one, or ran with "
-                        "--checkpoint=false): starting it again from step 0.", run_dir)
+        if world.is_main:
+            logging.warning("%s holds a run but no checkpoint (it stopped before its first one, or ran with "
+                            "--checkpoint=false): starting it again from step 0.", run_dir)
         return Position()
     try:
         position = Position(**load_checkpoint(path, model, optimizer, scaler))
@@ -207,7 +217,8 @@ def resume(run_dir, model, optimizer, scaler, params, world, steps_per_epoch):
                         "--run_num.") from None
     logging.info("Resumed from %s at epoch %d, step %d.", path, position.epoch + 1, position.step)
     exit_if_complete(position, params, run_dir, world)
-    report_changed_options(run_dir, run_options(params, world), position.step, steps_per_epoch)
+    if world.is_main:
+        report_changed_options(run_dir, run_options(params, world), position.step, steps_per_epoch)
     return position
 
 
@@ -232,8 +243,9 @@ def exit_if_complete(position, params, run_dir, world):
     if position.epoch < params.num_epochs:
         return
     logging.info("The run in %s is already complete: it trained %d epochs (%d steps), and --num_epochs is %d. "
-                 "Nothing to train. To train it longer, resume with a larger --num_epochs (the learning-rate "
-                 "schedule is then recomputed for the new length), or start a new --run_num.",
+                 "Nothing to train. To train it longer, resume with a larger --num_epochs and "
+                 "--allow_changes=num_epochs (the learning-rate schedule is then recomputed for the new "
+                 "length), or start a new --run_num.",
                  run_dir, position.epoch, position.step, params.num_epochs)
     shutdown(world)
     sys.exit(0)
@@ -462,10 +474,11 @@ def finish(tensorboard, metric_lines, run_dir, params, world):
 @exit_on_lost_rank
 def main(argv=None, make_step=None, graph_capture=False):
     """Set everything up, then train ``num_epochs`` of (train, log, validate, checkpoint). ``make_step``
-    makes the one-batch step: train_graph.py's replays a CUDA graph (``graph_capture``: capturable parts)."""
+    makes the one-batch step: train_graph.py's replays a CUDA graph (``graph_capture``: capturable parts).
+    With --resume the options are the run's own, overridden only by what the command line gives again."""
     # The ranks, the options and the device: decided once, then passed down.
     world, argv = read_world(), sys.argv[1:] if argv is None else argv
-    params = load_params(argv, world.size, DEFAULT_WINDOWS["train_graph.py" if graph_capture else "train.py"])
+    params = load_run_params(argv, world.size, DEFAULT_WINDOWS["train_graph.py" if graph_capture else "train.py"], device_kind)
     config_logger(world.is_main)
     params.log()
     check_crop_size(params)

@@ -23,6 +23,7 @@ UTILS_IMPORTS = {
     "data_loader_gpu": {"symmetry", "data_loader", "errors"},  # the native loaders' crop specification
     "distributed": {"errors"},
     "halo": set(),  # receives the mesh from the caller
+    "env_check": set(),  # the standard library alone: it runs where nothing else is installed
     "errors": set(),
     "files": set(),
     "estimate": {"errors", "flops", "optim", "YParams"},  # the run's FLOPs; the rate of its own step, in its precision; the demo's, for the refusal

@@ -346,6 +346,10 @@ def check_resumed(scratch, output):
     assert "Resumed from" in output and "Time taken for epoch 2 " in output and "Time taken for epoch 1 " not in output
 
 
+def check_complete(scratch, output):
+    assert f"The run in {run_dir(scratch, 'demo', run_num='two')} is already complete: it trained 1 epochs" in output
+
+
 def check_trace(scratch, output):
     assert glob.glob(os.path.join(run_dir(scratch, "short"), "profile", "*.pt.trace.json"))
 
@@ -512,11 +516,14 @@ RUN = {
         append=TINY, env={"DATA_DIR": "{scratch}/real"}, check=check_real_paths),
     "python train.py --config=demo --run_num=two --num_epochs=2": Run(
         append=f"{TINY} --checkpoint=true", check=check_run("demo", run_num="two")),
-    # First a one-epoch run under the same run name; the README's --resume then continues it to epoch 2.
+    # First a one-epoch run under the same run name: --resume alone keeps its one epoch (complete);
+    # with --allow_changes=num_epochs it continues to epoch 2 (TINY's sizes: 2 epochs for the README's 4).
     "python train.py --config=demo --run_num=two --resume": Run(
         before=(f"python train.py --config=demo --run_num=two {TINY} --checkpoint=true",),
-        append=f"{TINY} --num_epochs=2 --checkpoint=true",
-        check=check_resumed),
+        append=f"{TINY} --checkpoint=true", check=check_complete),
+    "python train.py --config=demo --run_num=two --resume --num_epochs=4 --allow_changes=num_epochs": Run(
+        before=(f"python train.py --config=demo --run_num=two {TINY} --checkpoint=true",),
+        append=f"{TINY} --num_epochs=2 --checkpoint=true", check=check_resumed),
     "python train.py --config=short --num_epochs 4 --profiler=torch": Run(
         append=f"{SMALL_MODEL} {TINY} --profile_start_epoch=1 --profile_steps=2", check=check_trace),
     "python train.py --config=short --num_epochs 1 --memory_snapshot": Run(
