@@ -474,9 +474,8 @@ def finish(tensorboard, metric_lines, run_dir, params, world):
 @exit_on_lost_rank
 def main(argv=None, make_step=None, graph_capture=False):
     """Set everything up, then train ``num_epochs`` of (train, log, validate, checkpoint). ``make_step``
-    makes the one-batch step: train_graph.py's replays a CUDA graph (``graph_capture``: capturable parts).
-    With --resume the options are the run's own, overridden only by what the command line gives again."""
-    # The ranks, the options and the device: decided once, then passed down.
+    makes the one-batch step: train_graph.py's replays a CUDA graph (``graph_capture``: capturable parts)."""
+    # The ranks, the options (with --resume, the run's own from its config.yaml) and the device: decided once.
     world, argv = read_world(), sys.argv[1:] if argv is None else argv
     params = load_run_params(argv, world.size, DEFAULT_WINDOWS["train_graph.py" if graph_capture else "train.py"], device_kind)
     config_logger(world.is_main)
