@@ -40,7 +40,7 @@ from utils.losses import build_loss
 from utils.metrics import ValidationMetrics, format_metrics, power_spectrum_figure
 from utils.optim import Precision, build_optimizer, configure_tf32, set_learning_rate
 from utils.prefetch import device_prefetcher
-from utils.preview import render_preview, save_png
+from utils.preview import logged_losses, render_loss_curves, render_preview, save_png
 from utils.profiling import DEFAULT_WINDOWS, Profiling, annotate, check_profiling_options
 from utils.progress import Progress
 from utils.runs import (CONFIG_NAME, changed_options, default_run_num, load_run_params, record_config,
@@ -454,6 +454,31 @@ def tensorboard_command():
     return os.path.relpath(beside) if os.path.exists(beside) else "tensorboard"
 
 
+# The demo's final validation loss as the README quotes it (2 CPU threads), and the options a demo run
+# may change and still compare with it: where data and results are, and what is measured or written.
+DEMO_VAL_LOSS = 0.0174
+DEMO_COMPARABLE = {"train_path", "val_path", "expdir", "device", "num_data_workers", "val_metrics",
+                   "preview_image", "checkpoint", "checkpoint_interval_s"}
+
+
+def report_losses(run_dir, params):
+    """Rank 0, at the end: the run's loss curves in loss_curves.png (with --preview_image), from every
+    loss it logged (all sessions of a resumed run); for the demo, its final validation loss beside the
+    README's."""
+    losses = logged_losses(os.path.join(run_dir, "logs"))
+    if not losses.get("Loss/valid"):
+        return  # --enable_benchy validates nothing
+    if params.preview_image:
+        path = os.path.join(run_dir, "loss_curves.png")
+        save_png(path, render_loss_curves(losses, f"{params.config}, run {os.path.basename(run_dir)}"))
+        logging.info("Loss curves: %s", path)
+    if params.config == "demo" and set(params.overridden) <= DEMO_COMPARABLE:
+        threads = (f"{torch.get_num_threads()} CPU threads; other thread counts change the last digits"
+                   if device_kind(params) == "CPU" else "on a GPU, whose kernels sum in another order")
+        logging.info("The demo's expected final validation loss is %.4f (README, 2 CPU threads): yours is %f (%s).",
+                     DEMO_VAL_LOSS, losses["Loss/valid"][-1][1], threads)
+
+
 def finish(tensorboard, metric_lines, run_dir, params, world):
     tensorboard.close()
     if metric_lines:
@@ -464,6 +489,8 @@ def finish(tensorboard, metric_lines, run_dir, params, world):
                  os.path.join(run_dir, "logs"), tensorboard_command(), params.expdir)
     if params.preview_image and not params.enable_benchy:
         logging.info("Preview image: %s", os.path.join(run_dir, "preview.png"))
+    if world.is_main:
+        report_losses(run_dir, params)
     logging.info("DONE ---- rank %d", world.rank)
     shutdown(world)
 

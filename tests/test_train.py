@@ -62,6 +62,9 @@ def test_a_run_logs_what_users_expect(data_files, tmp_path):
     assert len(events.Images("Power spectrum")) == 3
     assert "Validation metrics after the last epoch:" in log and "Pearson r" in log
     assert (run_dir / "preview.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"Loss curves: {run_dir / 'loss_curves.png'}" in result.stdout
+    assert (run_dir / "loss_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "The demo's expected final validation loss" not in result.stdout  # the test config
 
 
 @pytest.mark.parametrize("interval_s, writes", [(0, 2), (3600, 1)])
