@@ -227,7 +227,9 @@ SLURM = ("needs a Slurm cluster with GPU nodes (Perlmutter); submit_pm.sh itself
 # (regular expression matched against the whole command, reason)
 NOT_RUN = [
     (r"make demo", "tests/test_demo.py runs the demo's training end to end; here it would also build .venv"),
-    (r"make test", "the test suite itself"),
+    (r"make test(-fast)?", "the test suite itself (make test-fast: its core)"),
+    (r"source \.venv/bin/activate", "the tests run in the virtual environment already (their python first on PATH); "
+                                    "tests/test_env_check.py runs train.py in a Python without its packages"),
     (r"(docker|podman) build .*", "needs a Docker or Podman engine (podman run fails on this machine); "
                                   "tests/test_docker.py builds docker/Dockerfile with buildah and runs the image"),
     (r"podman-hpc build .*", "needs Perlmutter's podman-hpc; tests/test_docker.py builds docker/Dockerfile with "
