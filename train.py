@@ -465,9 +465,9 @@ def report_losses(run_dir, params):
     """Rank 0, at the end: the run's loss curves in loss_curves.png (with --preview_image), from every
     loss it logged (all sessions of a resumed run); for the demo, its final validation loss beside the
     README's."""
-    losses = logged_losses(os.path.join(run_dir, "logs"))
+    losses = {} if params.enable_benchy else logged_losses(os.path.join(run_dir, "logs"))
     if not losses.get("Loss/valid"):
-        return  # --enable_benchy validates nothing
+        return  # benchy's trials validate nothing
     if params.preview_image:
         path = os.path.join(run_dir, "loss_curves.png")
         save_png(path, render_loss_curves(losses, f"{params.config}, run {os.path.basename(run_dir)}"))
