@@ -7,8 +7,8 @@
     sbatch -N 2 --ntasks-per-node=4 ./submit_pm.sh --config=bs256_opt                # two nodes
 
 Every key of config/UNet.yaml can be overridden as --key=value. The run writes to
-<expdir>/<config>/<N>GPU|<N>CPU/<run_num>/: out.log, config.yaml, checkpoint.pt, preview.png and
-logs/ (TensorBoard). The same code runs on CPU and on CUDA: the device is chosen once, in main.
+<expdir>/<config>/<N>GPU|<N>CPU/<run_num>/: out.log, config.yaml, checkpoint.pt, preview.png,
+loss_curves.png and logs/ (TensorBoard). --resume continues the run with its own options (config.yaml). The same code runs on CPU and on CUDA: the device is chosen once, in main.
 """
 import dataclasses
 import functools
