@@ -8,7 +8,8 @@
 
 Every key of config/UNet.yaml can be overridden as --key=value. The run writes to
 <expdir>/<config>/<N>GPU|<N>CPU/<run_num>/: out.log, config.yaml, checkpoint.pt, preview.png,
-loss_curves.png and logs/ (TensorBoard). --resume continues the run with its own options (config.yaml). The same code runs on CPU and on CUDA: the device is chosen once, in main.
+loss_curves.png and logs/ (TensorBoard); --resume continues it with its own options (config.yaml).
+The same code runs on CPU and on CUDA: the device is chosen once, in main.
 """
 import dataclasses
 import functools
