@@ -1,5 +1,6 @@
 # make demo        set up, make the synthetic data set if missing, train the demo config (GPU if present)
 # make test        set up and run the whole test suite (what CI runs), the Slurm and container tests included
+# make test-fast   the core of the suite in minutes: pytest alone added to .venv, no system packages
 # make test-slurm  only the tests that submit submit_pm.sh to a real two-node Slurm (run as root)
 # make figures     remake tutorial_images/ from the committed example_logs/
 # make data        only the synthetic data set;  make clean   remove the environment, data (data_large too) and runs
@@ -11,13 +12,28 @@ PY := $(VENV)/bin/python
 RUN_NUM ?= $(shell date +%Y%m%d-%H%M%S)
 DATA := data/synthetic_train.h5 data/synthetic_valid.h5
 
-.PHONY: demo test test-slurm figures data clean
+# test-fast: no end-to-end training runs (marked slow), no GPU, none of the tests that need more than
+# requirements.txt and pytest (Slurm, containers, the notebook, DALI), and none of the modules that train
+# or all-reduce on several gloo ranks under torchrun (DDP, FSDP, domain parallelism, the step spread).
+FAST_TESTS := -m "not slow and not gpu" --ignore=tests/test_slurm.py --ignore=tests/test_docker.py \
+	--ignore=tests/test_notebook.py --ignore=tests/test_data_loader_dali.py \
+	--ignore=tests/test_distributed.py --ignore=tests/test_domain_parallel.py --ignore=tests/test_allreduce.py \
+	--ignore=tests/test_step_spread.py
+
+.PHONY: demo test test-fast test-slurm figures data clean
+
+# The demo's CPU threads: its losses' last digits depend on the thread count alone (README), and 2
+# threads give the README's. DEMO_THREADS=8 is quicker on a larger CPU, with other last digits.
+DEMO_THREADS ?= 2
 
 demo: $(VENV)/.installed $(DATA)
-	$(PY) train.py --config=demo --run_num=$(RUN_NUM) $(ARGS)
+	OMP_NUM_THREADS=$(DEMO_THREADS) $(PY) train.py --config=demo --run_num=$(RUN_NUM) $(ARGS)
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(VENV)/.installed-pytest
+	$(PY) -m pytest $(FAST_TESTS) $(PYTEST_ARGS)
 
 test-slurm: $(VENV)/.installed-test
 	$(PY) -m pytest tests/test_slurm.py $(PYTEST_ARGS)
@@ -35,7 +51,9 @@ $(DATA): | $(VENV)/.installed
 $(VENV)/.installed: requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' || \
 		{ echo "error: Python 3.10 or newer is needed (found $$($(PYTHON) --version))."; exit 1; }
-	test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV) || { rm -rf $(VENV); echo "error: $(PYTHON) could not \
+		make the virtual environment $(VENV): install its venv module (Debian, Ubuntu: apt-get install python3-venv) \
+		or name another Python, e.g. make demo PYTHON=python3.12."; exit 1; }
 	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH)"
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $@
@@ -46,9 +64,14 @@ $(VENV)/.installed-figures: $(VENV)/.installed
 	$(PY) -m pip install --quiet playwright
 	touch $@
 
+# make test-fast needs pytest alone beside requirements.txt (the test set's DALI is about 1 GB).
+$(VENV)/.installed-pytest: $(VENV)/.installed
+	$(PY) -m pip install --quiet pytest
+	touch $@
+
 $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
 	$(PY) -m pip install --quiet -r requirements-test.txt
-	touch $@ $(VENV)/.installed-figures
+	touch $@ $(VENV)/.installed-figures $(VENV)/.installed-pytest
 
 clean:
 	rm -rf $(VENV) data data_large runs

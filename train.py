@@ -7,8 +7,9 @@
     sbatch -N 2 --ntasks-per-node=4 ./submit_pm.sh --config=bs256_opt                # two nodes
 
 Every key of config/UNet.yaml can be overridden as --key=value. The run writes to
-<expdir>/<config>/<N>GPU|<N>CPU/<run_num>/: out.log, config.yaml, checkpoint.pt, preview.png and
-logs/ (TensorBoard). The same code runs on CPU and on CUDA: the device is chosen once, in main.
+<expdir>/<config>/<N>GPU|<N>CPU/<run_num>/: out.log, config.yaml, checkpoint.pt, preview.png,
+loss_curves.png and logs/ (TensorBoard); --resume continues it with its own options (config.yaml).
+The same code runs on CPU and on CUDA: the device is chosen once, in main.
 """
 import dataclasses
 import functools
@@ -18,11 +19,12 @@ import shutil
 import sys
 import time
 
+import utils.env_check  # noqa: F401  before torch: a Python without the project's packages gets a one-line hint
 import torch
 
 from networks.UNet import UNet
 from utils import get_data_loader_distributed, lr_schedule
-from utils.YParams import data_parallel_size, load_params, write_yaml
+from utils.YParams import data_parallel_size, write_yaml
 from utils.accumulation import GradAccumulation
 from utils.benchy import check_benchy_options, wrap_for_benchy
 from utils.checkpoint import CHECKPOINT_NAME, Checkpointer, load_checkpoint
@@ -41,10 +43,10 @@ from utils.metrics import ValidationMetrics, format_metrics, power_spectrum_figu
 from utils.optim import Precision, build_optimizer, configure_tf32, set_learning_rate
 from utils.out_of_memory import guard_out_of_memory
 from utils.prefetch import device_prefetcher
-from utils.preview import render_preview, save_png
+from utils.preview import logged_losses, render_loss_curves, render_preview, save_png
 from utils.profiling import DEFAULT_WINDOWS, Profiling, annotate, check_profiling_options
 from utils.progress import Progress
-from utils.runs import (CONFIG_NAME, changed_options, default_run_num, record_config,
+from utils.runs import (CONFIG_NAME, changed_options, default_run_num, load_run_params, record_config,
                         refuse_resume_without_checkpoint, run_num_given, schedule_change)
 from utils.signals import StopSignals
 from utils.step_spread import step_spread
@@ -70,7 +72,7 @@ def pick_device(params, world):
     """The training device, chosen once: this rank's GPU when there is one, else the CPU. Logs which
     backend its 3-D convolutions use, with a warning where a PyTorch/cuDNN release makes them slow, and
     refuses --jit_mode=compile on a machine where torch.compile cannot build (no C compiler or Python.h)."""
-    if params.device == "cpu" or (params.device == "auto" and not torch.cuda.is_available()):
+    if device_kind(params) == "CPU":
         device = torch.device("cpu")
     elif not torch.cuda.is_available():
         raise UserError("--device=cuda but PyTorch sees no CUDA device. Use --device=auto (or cpu), or "
@@ -88,6 +90,13 @@ def pick_device(params, world):
     if world.is_main:
         check_conv3d(device, params.amp_mode, params.tf32, params.channels_last)
     return device
+
+
+def device_kind(params):
+    """'CPU' or 'GPU': the kind of device :func:`pick_device` chooses (it names the run directory's
+    <N>CPU|GPU folder, where --resume looks for the run's options)."""
+    on_cpu = params.device == "cpu" or (params.device == "auto" and not torch.cuda.is_available())
+    return "CPU" if on_cpu else "GPU"
 
 
 def check_crop_size(params):
@@ -187,7 +196,8 @@ def training_loss(model, loss_fn, params):
 
 def resume(run_dir, model, optimizer, scaler, params, world, steps_per_epoch):
     """With --resume, the saved position, with states restored, and what changed options mean for
-    the schedule; without, the start.
+    the schedule (said by rank 0: every rank sees the same); without, the start. The options
+    themselves are the run's own already (utils/runs.py's load_run_params).
 
     A run directory with no run is refused (a mistyped --run_num or a forgotten --config); one that
     holds a run but no checkpoint yet (stopped before its first one) starts again from step 0; a run
@@ -199,8 +209,9 @@ def resume(run_dir, model, optimizer, scaler, params, world, steps_per_epoch):
     if not os.path.exists(path):
         if not os.path.exists(os.path.join(run_dir, "out.log")):
             refuse_resume_without_checkpoint(run_dir, params, CHECKPOINT_NAME)
-        logging.warning("%s holds a run but no checkpoint (it stopped before its first one, or ran with "
-                        "--checkpoint=false): starting it again from step 0.", run_dir)
+        if world.is_main:
+            logging.warning("%s holds a run but no checkpoint (it stopped before its first one, or ran with "
+                            "--checkpoint=false): starting it again from step 0.", run_dir)
         return Position()
     try:
         position = Position(**load_checkpoint(path, model, optimizer, scaler))
@@ -210,7 +221,8 @@ def resume(run_dir, model, optimizer, scaler, params, world, steps_per_epoch):
                         "--run_num.") from None
     logging.info("Resumed from %s at epoch %d, step %d.", path, position.epoch + 1, position.step)
     exit_if_complete(position, params, run_dir, world)
-    report_changed_options(run_dir, run_options(params, world), position.step, steps_per_epoch)
+    if world.is_main:
+        report_changed_options(run_dir, run_options(params, world), position.step, steps_per_epoch)
     return position
 
 
@@ -235,8 +247,9 @@ def exit_if_complete(position, params, run_dir, world):
     if position.epoch < params.num_epochs:
         return
     logging.info("The run in %s is already complete: it trained %d epochs (%d steps), and --num_epochs is %d. "
-                 "Nothing to train. To train it longer, resume with a larger --num_epochs (the learning-rate "
-                 "schedule is then recomputed for the new length), or start a new --run_num.",
+                 "Nothing to train. To train it longer, resume with a larger --num_epochs and "
+                 "--allow_changes=num_epochs (the learning-rate schedule is then recomputed for the new "
+                 "length), or start a new --run_num.",
                  run_dir, position.epoch, position.step, params.num_epochs)
     shutdown(world)
     sys.exit(0)
@@ -445,6 +458,31 @@ def tensorboard_command():
     return os.path.relpath(beside) if os.path.exists(beside) else "tensorboard"
 
 
+# The demo's final validation loss as the README quotes it (2 CPU threads), and the options a demo run
+# may change and still compare with it: where data and results are, and what is measured or written.
+DEMO_VAL_LOSS = 0.0174
+DEMO_COMPARABLE = {"train_path", "val_path", "expdir", "device", "num_data_workers", "val_metrics",
+                   "preview_image", "checkpoint", "checkpoint_interval_s"}
+
+
+def report_losses(run_dir, params):
+    """Rank 0, at the end: the run's loss curves in loss_curves.png (with --preview_image), from every
+    loss it logged (all sessions of a resumed run); for the demo, its final validation loss beside the
+    README's."""
+    losses = {} if params.enable_benchy else logged_losses(os.path.join(run_dir, "logs"))
+    if not losses.get("Loss/valid"):
+        return  # benchy's trials validate nothing
+    if params.preview_image:
+        path = os.path.join(run_dir, "loss_curves.png")
+        save_png(path, render_loss_curves(losses, f"{params.config}, run {os.path.basename(run_dir)}"))
+        logging.info("Loss curves: %s", path)
+    if params.config == "demo" and set(params.overridden) <= DEMO_COMPARABLE:
+        threads = (f"{torch.get_num_threads()} CPU threads; other thread counts change the last digits"
+                   if device_kind(params) == "CPU" else "on a GPU, whose kernels sum in another order")
+        logging.info("The demo's expected final validation loss is %.4f (README, 2 CPU threads): yours is %f (%s).",
+                     DEMO_VAL_LOSS, losses["Loss/valid"][-1][1], threads)
+
+
 def finish(tensorboard, metric_lines, run_dir, params, world):
     tensorboard.close()
     if metric_lines:
@@ -455,6 +493,8 @@ def finish(tensorboard, metric_lines, run_dir, params, world):
                  os.path.join(run_dir, "logs"), tensorboard_command(), params.expdir)
     if params.preview_image and not params.enable_benchy:
         logging.info("Preview image: %s", os.path.join(run_dir, "preview.png"))
+    if world.is_main:
+        report_losses(run_dir, params)
     logging.info("DONE ---- rank %d", world.rank)
     shutdown(world)
 
@@ -466,9 +506,9 @@ def finish(tensorboard, metric_lines, run_dir, params, world):
 def main(argv=None, make_step=None, graph_capture=False):
     """Set everything up, then train ``num_epochs`` of (train, log, validate, checkpoint). ``make_step``
     makes the one-batch step: train_graph.py's replays a CUDA graph (``graph_capture``: capturable parts)."""
-    # The ranks, the options and the device: decided once, then passed down.
+    # The ranks, the options (with --resume, the run's own from its config.yaml) and the device: decided once.
     world, argv = read_world(), sys.argv[1:] if argv is None else argv
-    params = load_params(argv, world.size, DEFAULT_WINDOWS["train_graph.py" if graph_capture else "train.py"])
+    params = load_run_params(argv, world.size, DEFAULT_WINDOWS["train_graph.py" if graph_capture else "train.py"], device_kind)
     config_logger(world.is_main)
     params.log()
     check_crop_size(params)

@@ -207,7 +207,7 @@ def test_train_py_counts_steps_and_samples_as_without_accumulation(data_files, t
             assert got == pytest.approx(want, rel=1e-4), tag
     assert runs[2]["Learning Rate"] == runs[1]["Learning Rate"]
     resumed = run_train(data_args(data_files, tmp_path, "--run_num=k2", "--grad_accum_steps=2", "--num_epochs=3",
-                                  "--val_metrics=false", "--resume"))
+                                  "--val_metrics=false", "--resume", "--allow_changes=num_epochs"))
     assert "Resumed from" in resumed.stdout and "at epoch 3, step 8" in resumed.stdout + resumed.stderr
     events = read_events(tmp_path / "test" / "1CPU" / "k2")
     assert [e.step for e in events.Scalars("Loss/train")] == [0, 4, 8, 12]

@@ -120,7 +120,8 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(data_files, tm
     with h5py.File(data_files["train"]) as source, h5py.File(poisoned, "w") as f:
         f["Nbody"] = np.full(source["Nbody"].shape, np.nan, np.float32)
         f["Hydro"] = source["Hydro"][...]
-    result = run_train(args(data_files, tmp_path, "--num_epochs=2", "--resume", train_path=str(poisoned)),
+    result = run_train(args(data_files, tmp_path, "--num_epochs=2", "--resume", "--allow_changes",
+                            train_path=str(poisoned)),
                        check=False)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "non-finite at step 4" in result.stderr  # the first step after the resumed epoch 1

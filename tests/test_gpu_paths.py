@@ -64,7 +64,8 @@ def test_a_train_py_checkpoint_resumes_in_train_graph_py(data_files, tmp_path):
     common = gpu_args(data_files, tmp_path, "--run_num=r", "--graph_warmup_steps=3", "--enable_fused")
     run_train([*common, "--num_epochs=1"])
     graph = subprocess.run([sys.executable, os.path.join(ROOT, "train_graph.py"), *common, "--num_epochs=2",
-                            "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(600))
+                            "--resume", "--allow_changes=num_epochs"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=timeout_for(600))
     assert graph.returncode == 0, graph.stderr[-3000:]
     assert "Resumed from" in graph.stdout
     assert len(scalars(tmp_path / "test" / "1GPU" / "r", "Loss/valid")) == 3  # step 0, epoch 1, epoch 2

@@ -28,6 +28,7 @@ UTILS_IMPORTS = {
     "distributed": {"errors"},
     "halo": {"exact_forms"},  # receives the mesh from the caller; a block is convolved in its layer's form
     "exact_forms": {"errors"},  # the switch's refusal; the timing's process group is torch.distributed's own
+    "env_check": set(),  # the standard library alone: it runs where nothing else is installed
     "errors": set(),
     "files": set(),
     "estimate": {"errors", "flops", "optim", "YParams"},  # the run's FLOPs; the rate of its own step, in its precision; the demo's, for the refusal

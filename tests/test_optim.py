@@ -144,7 +144,7 @@ def test_a_demo_epoch_with_apex_runs_and_resumes(tmp_path, data_files):
     env = {**os.environ, "PYTHONPATH": STANDINS}
     common = ["--config=test", f"--train_path={data_files['train']}", f"--val_path={data_files['valid']}",
               f"--expdir={tmp_path}", "--enable_apex", "--val_metrics=false", "--Nsamples=8", "--Nsamples_val=4"]
-    runs = {"none": [["--num_epochs=1"], ["--num_epochs=2", "--resume"]], "fp16": [["--num_epochs=1"]]}
+    runs = {"none": [["--num_epochs=1"], ["--num_epochs=2", "--resume", "--allow_changes=num_epochs"]], "fp16": [["--num_epochs=1"]]}
     for amp_mode, commands in runs.items():
         for options in commands:
             run_train([*common, f"--run_num={amp_mode}", f"--amp_mode={amp_mode}", *options], env=env)

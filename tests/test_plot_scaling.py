@@ -149,7 +149,7 @@ def test_the_scaling_tool_prints_a_plot_command_that_runs_and_the_readmes_effici
     folder = os.path.join(ROOT, "benchmarks", "results", "scaling", "cpu-vm-2-cores-2026-11-25")
     command = scaling.plot_command(folder).replace("benchmarks/results/scaling/cpu-vm-2-cores-2026-11-25/scaling.png",
                                                    str(tmp_path / "scaling.png"))
-    result = subprocess.run(command, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=120,
+    result = subprocess.run(command, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(120),
                             env={**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]})
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "scaling.png").exists()

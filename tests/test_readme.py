@@ -274,7 +274,9 @@ SLURM = ("needs a Slurm cluster with GPU nodes (Perlmutter); submit_pm.sh itself
 # (regular expression matched against the whole command, reason)
 NOT_RUN = [
     (r"make demo", "tests/test_demo.py runs the demo's training end to end; here it would also build .venv"),
-    (r"make test", "the test suite itself"),
+    (r"make test(-fast)?", "the test suite itself (make test-fast: its core)"),
+    (r"source \.venv/bin/activate", "the tests run in the virtual environment already (their python first on PATH); "
+                                    "tests/test_env_check.py runs train.py in a Python without its packages"),
     (r"(docker|podman) build .*", "needs a Docker or Podman engine (podman run fails on this machine); "
                                   "tests/test_docker.py builds docker/Dockerfile with buildah and runs the image"),
     (r"podman-hpc build .*", "needs Perlmutter's podman-hpc; tests/test_docker.py builds docker/Dockerfile with "
@@ -391,6 +393,11 @@ def check_real_paths(scratch, output):
 def check_resumed(scratch, output):
     run_dir(scratch, "demo", run_num="two")
     assert "Resumed from" in output and "Time taken for epoch 2 " in output and "Time taken for epoch 1 " not in output
+
+
+def check_complete(scratch, output):
+    run_dir(scratch, "demo", run_num="two")
+    assert "The run in runs/demo/1CPU/two is already complete: it trained 1 epochs" in output, output[-3000:]
 
 
 def check_trace(scratch, output):
@@ -561,11 +568,14 @@ RUN = {
         append=TINY, env={"DATA_DIR": "{scratch}/real"}, check=check_real_paths),
     "python train.py --config=demo --run_num=two --num_epochs=2": Run(
         append=f"{TINY} --checkpoint=true", check=check_run("demo", run_num="two")),
-    # First a one-epoch run under the same run name; the README's --resume then continues it to epoch 2.
+    # First a one-epoch run under the same run name: --resume alone keeps its one epoch (complete);
+    # with --allow_changes=num_epochs it continues to epoch 2 (TINY's sizes: 2 epochs for the README's 4).
     "python train.py --config=demo --run_num=two --resume": Run(
         before=(f"python train.py --config=demo --run_num=two {TINY} --checkpoint=true",),
-        append=f"{TINY} --num_epochs=2 --checkpoint=true",
-        check=check_resumed),
+        append=f"{TINY} --checkpoint=true", check=check_complete),
+    "python train.py --config=demo --run_num=two --resume --num_epochs=4 --allow_changes=num_epochs": Run(
+        before=(f"python train.py --config=demo --run_num=two {TINY} --checkpoint=true",),
+        append=f"{TINY} --num_epochs=2 --checkpoint=true", check=check_resumed),
     "python train.py --config=short --num_epochs 4 --profiler=torch": Run(
         append=f"{SMALL_MODEL} {TINY} --profile_start_epoch=1 --profile_steps=2", check=check_trace),
     "python train.py --config=short --num_epochs 1 --memory_snapshot": Run(

@@ -62,6 +62,9 @@ def test_a_run_logs_what_users_expect(data_files, tmp_path):
     assert len(events.Images("Power spectrum")) == 3
     assert "Validation metrics after the last epoch:" in log and "Pearson r" in log
     assert (run_dir / "preview.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"Loss curves: {run_dir / 'loss_curves.png'}" in result.stdout
+    assert (run_dir / "loss_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "The demo's expected final validation loss" not in result.stdout  # the test config
 
 
 @pytest.mark.parametrize("interval_s, writes", [(0, 2), (3600, 1)])
@@ -250,8 +253,17 @@ def test_resume_refuses_a_run_that_is_not_there_and_keeps_config_yaml_the_record
     assert f"that hold one: {run_dir} " in message and "leave out --resume" in message, message
     assert not (tmp_path / "test" / "1CPU" / "b").exists()
 
-    # A longer run: the change is said, with what it does to the schedule, and appended to config.yaml.
-    longer = run_train(data_args(data_files, tmp_path, "--run_num=a", "--resume", "--num_epochs=2"))
+    # A longer run is another experiment: refused in one paragraph that says how to go on, nothing written.
+    before = snapshot(run_dir)
+    refused = run_train(data_args(data_files, tmp_path, "--run_num=a", "--resume", "--num_epochs=2"), check=False)
+    message = " ".join(refused.stderr.split())
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert "num_epochs 1 -> 2" in message and "--allow_changes=num_epochs" in message, message
+    assert snapshot(run_dir) == before
+
+    # Allowed: the change is said, with what it does to the schedule, and appended to config.yaml.
+    longer = run_train(data_args(data_files, tmp_path, "--run_num=a", "--resume", "--num_epochs=2",
+                                 "--allow_changes=num_epochs"))
     assert "Options changed since the run started or was last resumed: num_epochs 1 -> 2" in longer.stdout
     assert "Its cosine now ends at step 8 instead of 4, and the rate at step 4 is" in longer.stdout
     with open(run_dir / "config.yaml") as f:
@@ -259,12 +271,35 @@ def test_resume_refuses_a_run_that_is_not_there_and_keeps_config_yaml_the_record
     assert record["num_epochs"] == 1 and record["resume"] is False  # the options the run started with
     assert record["resumed"] == [{"at_step": 4, "changed": {"num_epochs": [1, 2]}}]
 
-    # A finished run: "already complete", status 0, no training and nothing written.
+    # A finished run: "already complete", status 0, no training and nothing written (its num_epochs is
+    # now 2, config.yaml's last change: --resume alone says so).
     before = snapshot(run_dir)
-    done = run_train(data_args(data_files, tmp_path, "--run_num=a", "--resume", "--num_epochs=2"))
+    done = run_train(data_args(data_files, tmp_path, "--run_num=a", "--resume"))
     assert f"The run in {run_dir} is already complete: it trained 2 epochs (8 steps)" in done.stdout
     assert "Starting Training Loop" not in done.stdout and "Done." not in done.stdout
     assert snapshot(run_dir) == before
+
+
+def test_an_unchanged_resume_continues_the_same_experiment(data_files, tmp_path):
+    """A run of 2 epochs stopped in its second, resumed with --resume alone (and the data paths the
+    test needs): it ends after its own 2 epochs, at the learning rates of an uninterrupted run, and
+    records no change; the rank's warnings about the resume are none."""
+    two = ["--num_epochs=2", "--val_metrics=false"]
+    run_train(data_args(data_files, tmp_path, "--run_num=whole", *two))
+    run_dir = tmp_path / "test" / "1CPU" / "cut"
+    code, _ = start_and_interrupt(data_args(data_files, tmp_path, "--run_num=cut", *two), run_dir, signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["position"]["step"] < 8
+
+    resumed = run_train(data_args(data_files, tmp_path, "--run_num=cut", "--resume"))
+    assert "Resumed from" in resumed.stdout and "WARNING" not in resumed.stdout, resumed.stdout
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["position"] == {
+        "epoch": 2, "step": 8, "batch_in_epoch": 0}
+    rates = [(e.step, e.value) for e in read_events(run_dir).Scalars("Learning Rate")]
+    assert rates == [(e.step, e.value) for e in read_events(tmp_path / "test" / "1CPU" / "whole").Scalars("Learning Rate")]
+    with open(run_dir / "config.yaml") as f:
+        record = yaml.safe_load(f)
+    assert record["num_epochs"] == 2 and [entry["changed"] for entry in record["resumed"]] == [{}]
 
 
 def test_resume_of_a_run_stopped_before_its_first_checkpoint_starts_it_again(data_files, tmp_path):
@@ -284,8 +319,27 @@ def test_without_run_num_runs_take_the_next_free_number_and_resume_takes_the_las
         # The closing hint names a tensorboard that runs from here, activated venv or not.
         command = re.search(r"\(view with: (\S+) --logdir ", result.stdout).group(1)
         assert shutil.which(command) or os.access(os.path.join(ROOT, command), os.X_OK), command
-    resumed = run_train(data_args(data_files, tmp_path, "--num_epochs=2", "--resume"))
+    resumed = run_train(data_args(data_files, tmp_path, "--num_epochs=2", "--resume", "--allow_changes"))
     assert f"Resumed from {tmp_path / 'test' / '1CPU' / '01' / 'checkpoint.pt'} at epoch 2" in resumed.stdout
     with open(tmp_path / "test" / "1CPU" / "01" / "config.yaml") as f:
         assert yaml.safe_load(f)["run_num"] == "01"
     assert sorted(os.listdir(tmp_path / "test" / "1CPU")) == ["00", "01"]
+
+
+def test_a_two_rank_resume_says_its_warnings_once(data_files, tmp_path):
+    """Every rank resumes alike, so the changed options and what they do to the schedule are said once,
+    by rank 0, not once per rank."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               os.path.join(ROOT, "train.py"), *data_args(data_files, tmp_path, "--run_num=r", "--val_metrics=false")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.run([*command, "--num_epochs=1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=timeout_for(600))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    resumed = subprocess.run([*command, "--resume", "--num_epochs=2", "--allow_changes=num_epochs"], cwd=ROOT,
+                             env=env, capture_output=True, text=True, timeout=timeout_for(600))
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0 and "Resumed from" in output, output[-3000:]
+    warnings = re.findall(r" - WARNING - (.*)", output)
+    assert sum("Options changed since the run started" in line for line in warnings) == 1, warnings
+    assert sum("the learning-rate schedule is recomputed" in line for line in warnings) == 1, warnings
+    assert len(warnings) == len(set(warnings)), warnings  # no warning said by both ranks

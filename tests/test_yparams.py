@@ -66,6 +66,13 @@ def test_unknown_key_suggests_the_closest():
         load_params(["--config=demo", "--num_epoch=3"])
 
 
+@pytest.mark.parametrize("typed, suggested", [("--lr=1e-3", "Did you mean 'start_lr', 'end_lr' or 'lr_scaling'?"),
+                                               ("--epochs=3", "Did you mean 'num_epochs'?")])
+def test_an_unknown_key_that_is_part_of_valid_ones_suggests_them(typed, suggested):
+    with pytest.raises(UserError, match=re.escape(suggested)):
+        load_params(["--config=demo", typed])
+
+
 def test_unknown_config_lists_valid_names():
     with pytest.raises(UserError, match="Did you mean 'short'.*Valid configs:.*bs64_opt"):
         load_params(["--config=shrot"])

@@ -34,6 +34,8 @@ RUN_OPTIONS = {
     "resume": False,
     # Sets global_batch_size = world_size * local_batch_size (as in the original tutorial).
     "local_batch_size": None,
+    # With --resume: the options whose changes may alter the run's learning-rate schedule (all when bare).
+    "allow_changes": False,
 }
 
 CHOICES = {
@@ -59,8 +61,9 @@ RUN_OPTION_HELP = {
     "config": "the named config of the YAML file to train with",
     "yaml_config": "the YAML file of configs (relative to the folder you run from)",
     "run_num": "names the run directory <expdir>/<config>/<N>GPU|<N>CPU/<run_num>/",
-    "resume": "continue the run in that directory from its checkpoint",
+    "resume": "continue the run in that directory from its checkpoint, with its own options",
     "local_batch_size": "per-rank batch; sets global_batch_size = world size x this",
+    "allow_changes": "with --resume: let these options (all when bare) change the schedule, e.g. num_epochs",
 }
 
 
@@ -93,9 +96,17 @@ def write_yaml(data, stream):
 
 
 def closest(name, valid):
-    """'did you mean' text for a mistyped name."""
+    """'did you mean' text for a mistyped name: the closest spelling, or else the names that hold it
+    as a word (``lr``: ``start_lr``, ``end_lr``)."""
     match = difflib.get_close_matches(name, valid, n=1)
-    return f" Did you mean '{match[0]}'?" if match else ""
+    if match:
+        return f" Did you mean '{match[0]}'?"
+    holding = sorted((key for key in valid if name in key.split("_") or len(name) > 3 and name in key),
+                     key=lambda key: not key.endswith(name))  # start_lr before lr_scaling
+    if not holding:
+        return ""
+    names = [f"'{key}'" for key in holding[:3]]
+    return f" Did you mean {' or '.join([', '.join(names[:-1]), names[-1]] if len(names) > 1 else names)}?"
 
 
 class YParams:
@@ -212,14 +223,16 @@ def parse_command_line(argv):
     return {**RUN_OPTIONS, **options}, overrides
 
 
-def load_params(argv, world_size=1, null_defaults=None):
+def load_params(argv, world_size=1, null_defaults=None, saved=None):
     """The run's configuration, resolved once: what every other part of the run reads.
 
     The named config with the command line's overrides applied and validated, and the run options
     (``config``, ``run_num``, ``resume``, ...) beside its keys. Resolved here: ``--local_batch_size``
     into ``global_batch_size`` (``world_size`` times it, as in the original tutorial), the keys the
     config leaves null that ``null_defaults`` gives a value (the profiling window of the script that
-    runs), and ``--enable_jit`` into ``jit_mode``.
+    runs), and ``--enable_jit`` into ``jit_mode``. ``saved``, a resumed run's recorded options
+    (utils/runs.py's ``load_run_params``), replaces the config's values before the command line's
+    overrides apply: a resumed run keeps its own options unless they are given again.
     """
     if wants_help(argv):
         try:
@@ -230,6 +243,7 @@ def load_params(argv, world_size=1, null_defaults=None):
     options, overrides = parse_command_line(argv)
     options = {key: True if isinstance(value, BareFlag) else value for key, value in options.items()}
     params = YParams(options["yaml_config"], str(options["config"]))
+    params.update({key: value for key, value in (saved or {}).items() if key in params})
     for key, value in overrides.items():
         if key not in params:
             raise UserError(f"Unknown option --{key}.{closest(key, list(params.keys()) + list(RUN_OPTIONS))}"
@@ -366,7 +380,8 @@ def help_text(argv, program=None):
              "(2e-4, true, [2,1,1], null). Names must be given in full.", "", "run options:"]
     run_values = {**RUN_OPTIONS, "config": params.config_name, "yaml_config": yaml_filename}
     for key, value in run_values.items():
-        kind = "NAME" if isinstance(RUN_OPTIONS[key], str) else ("BOOL" if key == "resume" else "INT")
+        kind = ("NAME" if isinstance(RUN_OPTIONS[key], str) else
+                {"resume": "BOOL", "allow_changes": "BOOL|NAMES"}.get(key, "INT"))
         extra = f": {', '.join(configs)}" if key == "config" else ""
         lines.append(help_line(key, kind, value, RUN_OPTION_HELP[key] + extra))
     section = None

@@ -44,6 +44,7 @@ Run management
 Configuration and errors
     YParams              a named config from config/UNet.yaml, --key=value overrides
     errors               UserError: one clear paragraph instead of a traceback
+    env_check            a one-line hint where Python lacks the project's packages (the venv not activated)
 Validation and physics
     metrics              validation metrics: L1 per field, correlations, power spectra
 Tools

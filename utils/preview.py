@@ -1,7 +1,9 @@
-"""The picture users want after each validation: one central slice of input, truth and prediction.
+"""The pictures users want: after each validation, one central slice of input, truth and prediction;
+at the end of a run, its loss curves.
 
-Five panels: input dark-matter density, true and predicted gas density, true and predicted gas
-temperature, truth and prediction on the same colour scale so that they compare at a glance.
+The slice has five panels: input dark-matter density, true and predicted gas density, true and
+predicted gas temperature, truth and prediction on the same colour scale so that they compare at a
+glance. The loss curves are the train and validation losses the run logged to TensorBoard.
 """
 import numpy as np
 
@@ -51,3 +53,39 @@ def save_png(path, image):
 
     with atomic_path(path, suffix=".png") as temporary:
         matplotlib.image.imsave(temporary, image)
+
+
+LOSS_TAGS = (("Loss/train", "train", "o-"), ("Loss/valid", "validation", "s-"))
+
+
+def logged_losses(log_dir):
+    """``{tag: [(step, value), ...]}`` of the train and validation losses the run logged to TensorBoard
+    under ``log_dir`` (every session of a resumed run; a step logged twice keeps its last value)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(log_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    return {tag: sorted({event.step: event.value for event in events.Scalars(tag)}.items())
+            for tag, _, _ in LOSS_TAGS if tag in tags}
+
+
+def render_loss_curves(losses, title=""):
+    """An (H, W, 3) uint8 image: the train and validation loss (``logged_losses``) against the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=80)
+    for tag, label, style in LOSS_TAGS:
+        steps, values = zip(*losses[tag]) if losses.get(tag) else ((), ())
+        ax.plot(steps, values, style, label=label)
+    ax.set(xlabel="optimiser step", ylabel="loss", yscale="log", title=title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.canvas.draw()
+    image = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+    plt.close(fig)
+    return image

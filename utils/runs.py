@@ -4,24 +4,36 @@ A run directory's ``config.yaml`` is written when the run starts: its resolved o
 number of ranks. Each ``--resume`` that trains appends an entry to its ``resumed`` list (the step it
 continued from and the options that changed, old and new value), so the file always says what ran,
 in order, and the options in force are the first ones with each entry's changes applied.
+
+A ``--resume`` continues the same experiment: its options are those in force in the run's
+``config.yaml``, overridden only by what the command line gives again (:func:`load_run_params`),
+and a change that alters the learning-rate schedule is refused unless ``--allow_changes`` names it.
 """
 import glob
 import math
 import os
 import types
 
-from utils.YParams import read_yaml, write_yaml
+from utils.YParams import closest, load_params, read_yaml, write_yaml
 from utils.errors import UserError
 from utils.files import atomic_path
 
 CONFIG_NAME = "config.yaml"
 # Options that say how a run is continued or where it writes, not how it trains.
-NOT_RECORDED_AS_CHANGES = ("resume",)
+NOT_RECORDED_AS_CHANGES = ("resume", "allow_changes")
+# Options that alter the learning-rate schedule of a resumed run (utils.lr_schedule), or the number of
+# its steps: a resume that changes one is a different experiment, refused unless --allow_changes names it.
+SCHEDULE_OPTIONS = ("num_epochs", "Nsamples", "global_batch_size", "local_batch_size", "base_batch_size",
+                    "start_lr", "end_lr", "lr_scaling", "warmup_steps")
 
 
 def run_num_given(argv):
     """Whether the command line names the run (``--run_num=NAME`` or ``--run_num NAME``)."""
-    return any(arg == "--run_num" or arg.startswith("--run_num=") for arg in argv)
+    return option_given(argv, "run_num")
+
+
+def option_given(argv, name):
+    return any(arg == f"--{name}" or arg.startswith(f"--{name}=") for arg in argv)
 
 
 def numbered_runs(runs_dir):
@@ -72,9 +84,80 @@ def recorded_options(path):
 
 def changed_options(path, options):
     """``{key: [recorded value, new value]}`` for the options that differ from those recorded in ``path``."""
-    recorded = recorded_options(path)
+    return differences(recorded_options(path), options)
+
+
+def differences(recorded, options):
     return {key: [recorded.get(key), value] for key, value in options.items()
             if key not in NOT_RECORDED_AS_CHANGES and recorded.get(key) != value}
+
+
+def load_run_params(argv, world_size, null_defaults, device_kind):
+    """The run's options (utils.YParams.load_params); with ``--resume``, those of the run it continues.
+
+    The run is found as train.py's claim_run_dir will find it: ``<expdir>/<config>/<N><kind>/<run_num>``
+    with the ``--config`` (and ``--expdir``) of the command line, ``device_kind(params)`` ('GPU' or
+    'CPU') tried first and the other kind after it (a run made with --device=cpu on a GPU machine),
+    and without ``--run_num`` the highest-numbered run. Its ``config.yaml`` gives the options in
+    force, and the command line overrides them again: so ``--resume`` alone continues the same
+    experiment. A run directory with no ``config.yaml`` leaves the options as the command line says
+    (train.py's resume refuses a run that is not there, naming those that are).
+    """
+    params = load_params(argv, world_size, null_defaults)
+    if not params.resume:
+        return params
+    config_path = saved_config(params, argv, world_size, device_kind(params))
+    if config_path is None:
+        return params
+    recorded = recorded_options(config_path)
+    params = load_params(argv, world_size, null_defaults, saved=recorded)
+    if not option_given(argv, "local_batch_size"):  # its global_batch_size is the recorded one
+        params["local_batch_size"] = recorded.get("local_batch_size")
+    refuse_schedule_changes(differences(recorded, {**params.to_dict(), "world_size": world_size}),
+                            params.allow_changes, config_path)
+    return params
+
+
+def saved_config(params, argv, world_size, kind):
+    """The ``config.yaml`` of the run that ``--resume`` continues, or None."""
+    for each in (kind, "CPU" if kind == "GPU" else "GPU"):
+        runs_dir = os.path.join(params.expdir, params.config, f"{world_size}{each}")
+        run_num = params.run_num if run_num_given(argv) else default_run_num(runs_dir, resume=True)
+        path = os.path.join(runs_dir, run_num, CONFIG_NAME)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def allowed_changes(allow_changes):
+    """The option names ``--allow_changes`` lets change: all (True), none (False), or those named
+    (``num_epochs``, ``num_epochs,start_lr`` or ``[num_epochs, start_lr]``)."""
+    if allow_changes is True or allow_changes is False:
+        return set(SCHEDULE_OPTIONS) if allow_changes else set()
+    names = allow_changes if isinstance(allow_changes, list) else str(allow_changes).split(",")
+    names = {str(name).strip().lstrip("-") for name in names if str(name).strip()}
+    for name in names - set(SCHEDULE_OPTIONS):
+        raise UserError(f"--allow_changes={allow_changes}: '{name}' is not an option that alters the "
+                        f"schedule.{closest(name, list(SCHEDULE_OPTIONS))} Name some of "
+                        f"{', '.join(SCHEDULE_OPTIONS)}, or give --allow_changes alone to allow them all.")
+    return names
+
+
+def refuse_schedule_changes(changed, allow_changes, config_path):
+    """Refuse a resume whose command line changes an option of the schedule that --allow_changes
+    does not name: the resumed run would be another experiment under the same name."""
+    refused = {key: change for key, change in changed.items()
+               if key in SCHEDULE_OPTIONS and key not in allowed_changes(allow_changes)}
+    if not refused:
+        return
+    listed = ", ".join(f"{key} {old} -> {new}" for key, (old, new) in refused.items())
+    names = ",".join(refused)
+    raise UserError(f"--resume continues the run with its own options (from {config_path}), but the command "
+                    f"line changes what its learning-rate schedule or its length would be: {listed}. To "
+                    f"continue the same experiment, leave {'these options' if len(refused) > 1 else 'this option'} "
+                    f"out of the command line. To change {'them' if len(refused) > 1 else 'it'} anyway (the "
+                    f"schedule is then recomputed from this step on, and config.yaml records the change), add "
+                    f"--allow_changes={names}; or start a new run with another --run_num.")
 
 
 def record_config(run_dir, options, step):
