@@ -37,12 +37,11 @@ import torch
 import train
 from benchmarks.common import (add_output_options, claim_files, device_name, device_slug, free_name,
                                results_folder, software, software_text, write_report)
+from benchmarks.ladder import build_step
 from utils import noise
 from utils.YParams import load_params
-from utils.distributed import World, parallelize
+from utils.distributed import World
 from utils.errors import UserError, exit_on_user_error
-from utils.losses import build_loss
-from utils.optim import Precision, build_optimizer
 
 PRECISION = ["--amp_mode=bf16", "--enable_fused"]
 SETTINGS = {
@@ -79,15 +78,7 @@ def measure_point(options, args, graph):
     ``options``, warmed up (and captured), then timed. The eager side runs on a CPU too (the tests)."""
     params = load_params(options)
     device = train.pick_device(params, World())
-    torch.manual_seed(params.seed)
-    model = parallelize(train.build_model(params, device), params, World(), device, graph)
-    optimizer = build_optimizer(params, model, capturable=graph)
-    precision = Precision(params.amp_mode, device, cache=not graph)
-    if graph:
-        from train_graph import make_graph_step
-        step_fn = make_graph_step(model, optimizer, build_loss(params), precision, params)
-    else:
-        step_fn = train.default_step(model, optimizer, build_loss(params), precision, params)
+    step_fn = build_step(params, device, graph)
     crop, batch = params.crop_size, params.global_batch_size
     inputs = torch.randn(batch, params.N_in_channels, crop, crop, crop, device=device)
     targets = torch.randn(batch, params.N_out_channels, crop, crop, crop, device=device)

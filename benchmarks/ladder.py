@@ -245,6 +245,19 @@ def prime(step_fn, loader, move, calls):
     float(loss)  # waits for the device: the capture and its replay are done
 
 
+def build_step(params, device, graph):
+    """The one-batch step ``params`` would train with: train.py's, or (``graph``) train_graph.py's captured
+    one; the model seeded as train.py seeds it."""
+    torch.manual_seed(params.seed)
+    model = parallelize(train.build_model(params, device), params, World(), device, graph)
+    optimizer = build_optimizer(params, model, capturable=graph)
+    precision = Precision(params.amp_mode, device, cache=not graph)
+    if graph:
+        from train_graph import make_graph_step
+        return make_graph_step(model, optimizer, build_loss(params), precision, params)
+    return train.default_step(model, optimizer, build_loss(params), precision, params)
+
+
 def measure_rung(options, script, args, nbatches):
     """Build what `python <script> <options>` would train and time it; returns the trial summary."""
     params = load_params(options)
@@ -252,15 +265,7 @@ def measure_rung(options, script, args, nbatches):
     move = functools.partial(train.to_device, device=device, memory_format=train.memory_format(params))
     train_loader = device_prefetcher(get_data_loader_distributed(params, 0, device)[0], params, device, move)
     graph = script == "train_graph.py"
-    torch.manual_seed(params.seed)
-    model = parallelize(train.build_model(params, device), params, World(), device, graph)
-    optimizer = build_optimizer(params, model, capturable=graph)
-    precision = Precision(params.amp_mode, device, cache=not graph)
-    if graph:
-        from train_graph import make_graph_step
-        step_fn = make_graph_step(model, optimizer, build_loss(params), precision, params)
-    else:
-        step_fn = train.default_step(model, optimizer, build_loss(params), precision, params)
+    step_fn = build_step(params, device, graph)
     batches = BatchStream(train_loader)  # one stream: the priming batch and the trials' never reset the loader
     # Compilation and capture happen before any trial, never inside a timed one.
     prime(step_fn, batches, move, warmup_calls(params, graph))
