@@ -18,6 +18,17 @@ def test_train_py_in_a_python_without_the_packages_prints_one_line(tmp_path):
     assert "not installed in this Python" in result.stderr and "source .venv/bin/activate" in result.stderr
 
 
+def test_a_benchmark_in_a_python_without_the_packages_prints_one_line():
+    """`python -m benchmarks.ladder --preset cpu`, the CPU track's next command, likewise: the benchmarks
+    package checks before any of its tools imports torch."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-S", "-m", "benchmarks.ladder", "--preset", "cpu"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=timeout_for(60))
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "not installed in this Python" in result.stderr and "source .venv/bin/activate" in result.stderr
+
+
 def test_the_hint_says_make_demo_where_there_is_no_environment_yet(tmp_path):
     from utils.env_check import hint
 
