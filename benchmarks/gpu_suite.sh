@@ -399,18 +399,18 @@ stage_original() {
     # The original tutorial's train.py beside this project's rungs on the same data (benchmarks/original.py),
     # from a checkout of the original: ORIGINAL=<folder>, by default .carry/sc22-original (the plan carries a
     # copy there) or ../shared/sc22/original.
-    local checkout=${ORIGINAL:-} args
+    local checkout=${ORIGINAL:-} help=()
     [ -z "$checkout" ] && for checkout in .carry/sc22-original ../shared/sc22/original ""; do
         [ -f "$checkout/train.py" ] && break
     done
-    args=(--original="$checkout" --data_dir "$DATA_DIR" --out_dir "$RESULTS/original" --overwrite)
     if [ -n "$CPU_CHECK" ]; then
-        args=(--help)  # the original's train.py needs CUDA: the GPU measures it
+        help=(--help)  # the original's train.py needs CUDA: the GPU measures it
     elif [ -z "$checkout" ]; then
         note "step original not run: no checkout of the original tutorial (ORIGINAL=<folder>, .carry/sc22-original)"
         return 1
     fi
-    step original 500 "$PYTHON" -m benchmarks.original "${args[@]}"
+    step original 500 "$PYTHON" -m benchmarks.original --original="$checkout" --data_dir "$DATA_DIR" \
+        --out_dir "$RESULTS/original" --overwrite "${help[@]}"
 }
 
 stage_nsys-probe() {
