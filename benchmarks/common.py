@@ -274,3 +274,17 @@ def write_report(base, report, table):
         f.write(table)
     print(table)
     print(f"Results: {base}.json, {base}.md")
+
+
+# What a tool prints for the README's figure where its tree lacks the committed run it quotes (a copy of the
+# code without benchmarks/results/, say).
+NOT_IN_TREE = "not in this tree"
+
+
+def committed_json(path):
+    """The committed result at ``path`` (relative to the repository), parsed; None where this tree lacks it."""
+    full = os.path.join(ROOT, path)
+    if not os.path.exists(full):
+        return None
+    with open(full) as f:
+        return json.load(f)

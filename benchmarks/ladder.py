@@ -44,9 +44,9 @@ from dataclasses import dataclass
 import torch
 
 import train
-from benchmarks.common import (ROOT, add_output_options, argument_parser, check_preset, claim_files, dali_importable,
-                               device_name, device_slug, free_name, make_data, outcome, results_folder, run,
-                               software, software_text)
+from benchmarks.common import (NOT_IN_TREE, add_output_options, argument_parser, check_preset, claim_files,
+                               committed_json, dali_importable, device_name, device_slug, free_name, make_data,
+                               outcome, results_folder, run, software, software_text)
 from benchmarks.trials import BatchStream, run_trials
 from utils import get_data_loader_distributed, noise
 from utils.YParams import load_params
@@ -393,11 +393,12 @@ def compare_line(report):
     here = loader_ratio(report)
     if here is None:
         return None
-    with open(os.path.join(ROOT, REFERENCE)) as f:
-        reference = loader_ratio(json.load(f))
+    committed = committed_json(REFERENCE)
+    reference = loader_ratio(committed) if committed else None
     return noise.compare_line("the GPU-resident loader's IO over the original's lowmem",
                               f"{here[0]:.1f} times ({here[1]:.1f} against {here[2]:.1f} samples/s)",
-                              f"{reference[0]:.1f} times ({reference[1]:.1f} against {reference[2]:.1f})",
+                              f"{reference[0]:.1f} times ({reference[1]:.1f} against {reference[2]:.1f})"
+                              if reference else NOT_IN_TREE,
                               REFERENCE, judgement(report))
 
 

@@ -16,7 +16,6 @@ Results: ``benchmarks/results/precision/<device>-<date>.json`` and ``.md`` (refu
 """
 import datetime
 import functools
-import json
 import os
 import sys
 import time
@@ -24,8 +23,9 @@ import time
 import torch
 
 import train
-from benchmarks.common import (ROOT, add_output_options, argument_parser, check_preset, claim_files, device_name,
-                               device_slug, free_name, make_data, results_folder, write_report)
+from benchmarks.common import (NOT_IN_TREE, add_output_options, argument_parser, check_preset, claim_files,
+                               committed_json, device_name, device_slug, free_name, make_data, results_folder,
+                               write_report)
 from utils import get_data_loader_distributed, lr_schedule, noise
 from utils.YParams import load_params
 from utils.distributed import World
@@ -163,9 +163,10 @@ def compare_line(report):
     here = bf16_difference(report)
     if here is None:
         return None
-    with open(os.path.join(ROOT, REFERENCE)) as f:
-        reference = bf16_difference(json.load(f))
-    return noise.compare_line("bf16's validation loss against fp32's", f"{here:+.2%}", f"{reference:+.2%}", REFERENCE)
+    committed = committed_json(REFERENCE)
+    reference = bf16_difference(committed) if committed else None
+    return noise.compare_line("bf16's validation loss against fp32's", f"{here:+.2%}",
+                              NOT_IN_TREE if reference is None else f"{reference:+.2%}", REFERENCE)
 
 
 if __name__ == "__main__":

@@ -37,9 +37,9 @@ import time
 
 import torch
 
-from benchmarks.common import (ROOT, add_output_options, argument_parser, check_preset, claim_folder, dali_importable,
-                               device_name, device_slug, free_name, holds_files, make_data, outcome, relative_args,
-                               results_folder, run)
+from benchmarks.common import (NOT_IN_TREE, ROOT, add_output_options, argument_parser, check_preset, claim_folder,
+                               committed_json, dali_importable, device_name, device_slug, free_name, holds_files,
+                               make_data, outcome, relative_args, results_folder, run)
 from utils import noise
 from utils.errors import exit_on_user_error
 from utils.profiling import range_name
@@ -413,8 +413,9 @@ REFERENCE = os.path.join("example_logs", "cpu_profiles", "profiles.json")
 def compare_line(entries, busy):
     """The README's number (the forward pass per step of each CPU rung) here, as medians, beside the
     committed profiles' means."""
-    with open(os.path.join(ROOT, REFERENCE)) as f:
-        committed = json.load(f)["profiles"]
+    committed = (committed_json(REFERENCE) or {}).get("profiles")
+    if not committed:
+        return f"The number to compare (README): the committed profiles ({REFERENCE}) are {NOT_IN_TREE}."
     reference = {entry["rung"]: entry["phase_ms_per_step"]["forward"] for entry in committed}
     here = {entry["rung"]: statistics.median(entry["forward_ms"]) for entry in entries if entry.get("forward_ms")}
     rungs = [rung for rung in reference if rung in here]

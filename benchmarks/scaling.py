@@ -30,9 +30,9 @@ import sys
 
 import torch
 
-from benchmarks.common import (ROOT, add_output_options, argument_parser, check_preset, claim_folder, device_name,
-                               device_slug, free_name, holds_files, make_data, outcome, relative, relative_args,
-                               results_folder, run, software, software_text)
+from benchmarks.common import (NOT_IN_TREE, ROOT, add_output_options, argument_parser, check_preset, claim_folder,
+                               device_name, device_slug, free_name, holds_files, make_data, outcome, relative,
+                               relative_args, results_folder, run, software, software_text)
 from benchmarks import plot_scaling
 from utils import noise
 from utils.errors import exit_on_user_error
@@ -195,12 +195,14 @@ def efficiency_at_two(folder):
 def compare_efficiency(out_dir):
     """The README's number (2 ranks: weak-scaling efficiency, share lost to communication) here and in
     the committed run, judged by this run's trials (utils/noise.py)."""
-    here, reference = efficiency_at_two(out_dir), efficiency_at_two(os.path.join(ROOT, REFERENCE))
+    committed = os.path.join(ROOT, REFERENCE)
+    here, reference = efficiency_at_two(out_dir), efficiency_at_two(committed) if os.path.isdir(committed) else None
     if here is None:
         return "The number to compare (README): needs 1 and 2 ranks (--ranks 1 2)."
     busy = noise.busy_line(plot_scaling.every_trial(plot_scaling.folder_trials(out_dir)))
     return noise.compare_line("2 ranks with DDP", f"{here[0]:.1%} weak-scaling efficiency, {here[1]:.1%} lost to "
-                              "communication", f"{reference[0]:.1%}, {reference[1]:.1%}", REFERENCE, busy)
+                              "communication", f"{reference[0]:.1%}, {reference[1]:.1%}" if reference else NOT_IN_TREE,
+                              REFERENCE, busy)
 
 
 if __name__ == "__main__":
