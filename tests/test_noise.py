@@ -136,11 +136,22 @@ def test_the_profiles_compare_the_median_forward_pass_and_say_when_steps_spread(
     idle = [{"rung": "baseline", "step_ms": [98.0, 97.0, 99.0], "forward_ms": [50.0, 51.0, 50.5]},
             {"rung": "gpu_inmem", "step_ms": [60.0, 61.0, 60.5], "forward_ms": [19.0, 19.2, 19.1]}]
     assert profiles.judgement(idle) is None
-    assert profiles.forward_text(idle[0]) == "forward pass per step: median 50.5 ms, spread 2% over 3 steps (mean 50.5 ms)"
+    assert profiles.forward_text(idle[0]) == ("forward pass per step: median 50.5 ms, the middle half of its 3 steps "
+                                              "within 0% (mean 50.5 ms)")
+    # An idle 2-core machine's baseline rung (2026-11-26): a lowmem worker's batch stalls one step in four, by
+    # 1.4 times the median; the middle half of the steps agree, and no step is twice the median: not busy.
+    stalls = [{"rung": "baseline", "step_ms": [134.5, 106.7, 108.7, 129.1, 108.3, 108.6, 107.6, 108.3, 129.2, 113.2,
+                                               109.6, 109.7],
+               "forward_ms": [68.8, 50.9, 53.7, 73.2, 52.5, 53.1, 52.6, 52.2, 71.4, 55.0, 53.6, 52.5]}]
+    assert profiles.judgement(stalls) is None
+    # Work beside it from the fourth step on: the middle half of the steps spreads.
+    shared = [{"rung": "gpu_inmem", "step_ms": [80.0] * 4 + [150.0] * 8, "forward_ms": [27.0] * 4 + [60.0] * 8}]
+    assert profiles.judgement(shared) == ("the machine was busy: 55% spread (gpu_inmem: forward: the middle half of its "
+                                          "steps 27 to 60); rerun on an idle machine")
     assert profiles.compare_line(idle, None) == (
         "The number to compare (README): forward pass per step: 50.5 ms (baseline), 19.1 ms (gpu_inmem) (medians "
         "of the steps); the README's: 50.3 ms, 19.1 ms (means of 4 steps) (example_logs/cpu_profiles/profiles.json).")
     # One step of the load the issue saw (590.1 ms among about 35): the median stays, the line says busy.
     busy = [{"rung": "baseline", "step_ms": [70.0] * 11 + [620.0], "forward_ms": [35.5] * 11 + [590.1]}]
-    assert profiles.forward_text(busy[0]).startswith("forward pass per step: median 35.5 ms, spread 679% over 12")
+    assert profiles.forward_text(busy[0]).startswith("forward pass per step: median 35.5 ms, the middle half of its 12")
     assert profiles.judgement(busy).startswith("the machine was busy: 679% spread (baseline: forward 35.5 to 590)")

@@ -9,7 +9,10 @@ cannot rank or compare: "the machine was busy: N% spread; rerun on an idle machi
 
 The rules, kept simple enough to check by hand:
 
-- the *spread* of a measurement's trials is (max - min) / mean;
+- the *spread* of a measurement's trials is (max - min) / mean; a long series of steps (a
+  profile's) is judged by the spread of its middle half, (third quartile - first quartile) /
+  median, since it holds the loader's periodic stalls even on an idle machine, and by its slowest
+  step, which more than twice the median is another program's doing;
 - trials whose spread exceeds :data:`BUSY_SPREAD` (20%) come from a machine busy with other work:
   their mean is not a finding;
 - an order that must hold and does not (FULL, which does the work of both, above SYNTHETIC or IO)
@@ -22,6 +25,10 @@ import statistics
 # Beyond this spread (max - min over the mean) the trials say more about the machine's other work
 # than about the code: on the project's idle 2-core machine benchy's trials agree to within 10%.
 BUSY_SPREAD = 0.20
+# A step of a profile more than this many times its series' median was stalled by other work: a loader's
+# late batch costs the project's idle 2-core machine 1.4 times the median forward pass (baseline rung,
+# python -m benchmarks.profiles --preset cpu, 2026-11-26), a busy one 16 times (590.1 ms against 35.5).
+STEP_OUTLIER = 2.0
 
 # benchy's kinds: FULL loads (IO) and trains (SYNTHETIC), so it cannot be faster than either.
 BENCHY_ORDER = (("SYNTHETIC", "FULL"), ("IO", "FULL"))
@@ -33,6 +40,16 @@ def spread(trials):
     if len(trials) < 2:
         return 0.0
     return (max(trials) - min(trials)) / statistics.fmean(trials)
+
+
+def middle_spread(steps):
+    """(third quartile - first quartile) / median of a series of steps; 0 for fewer than four. One slow
+    step in four (a loader worker's batch arriving late) does not move it."""
+    steps = list(steps)
+    if len(steps) < 4:
+        return 0.0
+    first, _, third = statistics.quantiles(steps, n=4, method="inclusive")
+    return (third - first) / statistics.median(steps)
 
 
 def summary(trials):
@@ -61,14 +78,14 @@ def separated(trials_a, trials_b):
     return min(trials_a) > max(trials_b) or min(trials_b) > max(trials_a)
 
 
-def widest(measurements):
-    """``(name, spread)`` of the measurement (``{name: trials}``) whose trials vary most; (None, 0.0) when
-    none has two trials."""
+def widest(measurements, width=spread):
+    """``(name, spread)`` of the measurement (``{name: trials}``) whose trials vary most by ``width``
+    (:func:`spread`, or :func:`middle_spread` for series of steps); (None, 0.0) when none has two trials."""
     measured = {name: list(trials) for name, trials in measurements.items() if len(trials) > 1}
     if not measured:
         return None, 0.0
-    name = max(measured, key=lambda key: spread(measured[key]))
-    return name, spread(measured[name])
+    name = max(measured, key=lambda key: width(measured[key]))
+    return name, width(measured[name])
 
 
 def broken_orders(measurements, above=()):
@@ -92,17 +109,28 @@ def order_text(low, high):
     return f"{low} above {high}"
 
 
-def busy_line(measurements, above=()):
+def busy_line(measurements, above=(), steps=False):
     """The line a tool prints when its trials cannot rank or compare, else None: "the machine was busy:
     68% spread (SYNTHETIC 1.34 to 2.64); rerun on an idle machine". ``measurements``: ``{name: trials}``;
     ``above``: pairs ``(higher, lower)`` whose order must hold (see :func:`broken_orders`): one that
-    does not is named in the line too, whatever the spread."""
-    name, width = widest(measurements)
+    does not is named in the line too, whatever the spread. ``steps``: the measurements are series of
+    steps, judged by their middle half (:func:`middle_spread`)."""
+    name, width = widest(measurements, middle_spread if steps else spread)
+    middle = steps and width > BUSY_SPREAD
+    if steps and not middle:  # a step far beyond its series' median: another program took the cores
+        outliers = {key: trials for key, trials in measurements.items()
+                    if len(trials) >= 4 and max(trials) > STEP_OUTLIER * statistics.median(trials)}
+        if outliers:
+            name, width = widest(outliers)
     broken = broken_orders(measurements, above)
     if width <= BUSY_SPREAD and not broken:
         return None
     trials = measurements[name] if name is not None else []
-    details = [f"{name} {number(min(trials))} to {number(max(trials))}"] if width > BUSY_SPREAD else []
+    if middle:
+        first, _, third = statistics.quantiles(trials, n=4, method="inclusive")
+        details = [f"{name}: the middle half of its steps {number(first)} to {number(third)}"]
+    else:
+        details = [f"{name} {number(min(trials))} to {number(max(trials))}"] if width > BUSY_SPREAD else []
     details += broken[:1] + ([f"{len(broken) - 1} more such"] if len(broken) > 1 else [])
     return f"the machine was busy: {100 * width:.0f}% spread ({'; '.join(details)}); rerun on an idle machine"
 
