@@ -5,10 +5,12 @@ here on CPU or listed with the reason it is not.
 Every command of their ```bash blocks (tests/readme_commands.py extracts them, hub first, then the
 chapters in order) must appear in
 RUN or in NOT_RUN below; a command in neither fails `test_every_readme_command_is_classified`, so a
-new command cannot enter the README untested by accident. RUN commands are run as written, from a
-scratch directory (links to the code, small real data files in data/, nothing written into the
-repository), with tiny sizes appended where they train; each must exit 0 and leave what it promises.
+new command cannot enter the README untested by accident. RUN commands are run as written, in reading order, in
+one scratch copy (links to the code, nothing written into the repository), with tiny sizes appended where
+they train: a reader's session, each command finding what the earlier ones left. Each must exit 0 and
+make what it promises, checked on the files it made or changed; each command's result is its own test.
 """
+import fnmatch
 import glob
 import json
 import os
@@ -327,27 +329,55 @@ TINY_TRIALS = {"nbatches": 2, "ntrials": 1, "nwarmup": 1}
 class Run:
     """How a README command is run: ``append`` goes at its end, ``env`` into its environment
     (``{scratch}`` is the scratch directory), ``before`` are command lines run first (not README
-    commands: the state the README command expects), and ``check(scratch, output)`` asserts on what it
-    made. ``data``: whether data/ holds the synthetic files first. ``xfail``: a known code bug.
-    ``marks``: pytest marks, e.g. a skip without an optional package."""
+    commands: the state the command expects that the README makes with commands not run here), and
+    ``check(made)`` asserts on what it made (a Made). ``xfail``: a known code bug. ``marks``: pytest
+    marks, e.g. a skip without an optional package (the command is then not run in the reading either)."""
     append: str = ""
     env: dict = field(default_factory=dict)
     before: tuple = ()
-    data: bool = True
     check: Optional[Callable] = None
     xfail: str = ""
     marks: tuple = ()
 
 
-def run_dir(scratch, config, devices="1CPU", run_num="00"):
-    """The run directory of a finished run (its log ends with "Done.")."""
-    path = os.path.join(scratch, "runs", config, devices, run_num)
-    made = sorted(glob.glob(os.path.join(scratch, "runs", "*", "*", "*")))
-    log = os.path.join(path, "out.log")
-    assert os.path.isfile(log), f"no run in {path}; run directories made: {made}"
-    with open(log) as f:
-        assert "Done. TensorBoard logs" in f.read(), f"the run in {path} did not finish"
-    return path
+def snapshot(scratch):
+    """{path relative to scratch: modification time} of the files in the scratch copy (links not followed)."""
+    files = {}
+    for folder, _, names in os.walk(scratch):
+        for name in names:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                files[os.path.relpath(path, scratch)] = os.stat(path).st_mtime_ns
+    return files
+
+
+@dataclass
+class Made:
+    """What one command left: the scratch copy, its output, and the files it made or changed."""
+    scratch: str
+    output: str
+    new: set
+
+    def path(self, *parts):
+        return os.path.join(self.scratch, *parts)
+
+    def one(self, pattern):
+        """The one file matching the glob ``pattern`` (relative) that this command made or changed."""
+        matches = [p for p in sorted(self.new) if fnmatch.fnmatchcase(p, pattern)]
+        assert len(matches) == 1, f"files made matching {pattern}: {matches}"
+        return self.path(matches[0])
+
+    def run(self, config, devices="1CPU", run_num=None):
+        """The run directory of the run this command finished (its log ends with "Done."): the one
+        under runs/<config>/<devices>/ whose log it wrote, or ``run_num``'s."""
+        if run_num is None:
+            log = self.one(f"runs/{config}/{devices}/*/out.log")
+        else:
+            log = self.path("runs", config, devices, run_num, "out.log")
+            assert os.path.isfile(log), f"no run in {os.path.dirname(log)}; files made: {sorted(self.new)[:20]}"
+        with open(log) as f:
+            assert "Done. TensorBoard logs" in f.read(), f"the run in {os.path.dirname(log)} did not finish"
+        return os.path.dirname(log)
 
 
 def resolved_config(path):
@@ -356,103 +386,112 @@ def resolved_config(path):
 
 
 def check_generated(side_train, side_valid, folder="data"):
-    def check(scratch, output):
+    """The data set with its .npy copies, made by this command, or found there already (the generator
+    after `make data` says so and writes nothing)."""
+    def check(made):
+        found = made.output.startswith(f"{folder} already holds this data set")
+        one = (lambda name: made.path(name)) if found else made.one
         for name, side in (("synthetic_train", side_train), ("synthetic_valid", side_valid)):
-            with h5py.File(os.path.join(scratch, folder, f"{name}.h5")) as f:
+            with h5py.File(one(f"{folder}/{name}.h5")) as f:
                 assert f["Nbody"].shape == (4, side, side, side) and f["Hydro"].shape == (5, side, side, side)
-            assert os.path.isfile(os.path.join(scratch, folder, f"{name}_data.npy"))
+            assert os.path.isfile(one(f"{folder}/{name}_data.npy"))
     return check
 
 
-def check_npy(scratch, output):
-    data = np.load(os.path.join(scratch, "data", "synthetic_train_data.npy"), mmap_mode="r")
-    label = np.load(os.path.join(scratch, "data", "synthetic_train_label.npy"), mmap_mode="r")
-    assert data.shape == (64, 64, 64, 4) and label.shape == (64, 64, 64, 5)  # channel last
+def check_npy(made):
+    """Rewritten over the copies the generator made (hence --force), channel last."""
+    data = np.load(made.one("data/synthetic_train_data.npy"), mmap_mode="r")
+    label = np.load(made.one("data/synthetic_train_label.npy"), mmap_mode="r")
+    with h5py.File(made.path("data", "synthetic_train.h5")) as f:
+        side = f["Nbody"].shape[1:]
+    assert data.shape == (*side, 4) and label.shape == (*side, 5)
 
 
-def check_run(config, devices="1CPU", run_num="00", **expected):
-    def check(scratch, output):
-        resolved = resolved_config(run_dir(scratch, config, devices, run_num))
+def check_run(config, devices="1CPU", run_num=None, **expected):
+    def check(made):
+        resolved = resolved_config(made.run(config, devices, run_num))
         for key, value in expected.items():
             assert resolved[key] == value, (key, resolved[key])
     return check
 
 
-def check_preview(scratch, output):
-    path = run_dir(scratch, "demo")
+def check_preview(made):
+    path = made.run("demo")
     assert open(os.path.join(path, "preview.png"), "rb").read(4) == b"\x89PNG"
     assert glob.glob(os.path.join(path, "logs", "events.out.tfevents.*"))
 
 
-def check_real_paths(scratch, output):
-    resolved = resolved_config(run_dir(scratch, "demo"))
-    assert resolved["train_path"] == os.path.join(scratch, "real", "downsamp_2048crop_train.h5")
-    assert resolved["val_path"] == os.path.join(scratch, "real", "downsamp_1024crop_valid.h5")
+def check_real_paths(made):
+    resolved = resolved_config(made.run("demo"))
+    assert resolved["train_path"] == made.path("real", "downsamp_2048crop_train.h5")
+    assert resolved["val_path"] == made.path("real", "downsamp_1024crop_valid.h5")
 
 
-def check_resumed(scratch, output):
-    run_dir(scratch, "demo", run_num="two")
+def check_resumed(made):
+    made.run("demo", run_num="two")
+    output = made.output
     assert "Resumed from" in output and "Time taken for epoch 2 " in output and "Time taken for epoch 1 " not in output
 
 
-def check_complete(scratch, output):
-    run_dir(scratch, "demo", run_num="two")
-    assert "The run in runs/demo/1CPU/two is already complete: it trained 1 epochs" in output, output[-3000:]
+def check_complete(made):
+    made.run("demo", run_num="two")
+    assert "The run in runs/demo/1CPU/two is already complete: it trained 1 epochs" in made.output, made.output[-3000:]
 
 
-def check_trace(scratch, output):
-    assert glob.glob(os.path.join(run_dir(scratch, "short"), "profile", "*.pt.trace.json"))
+def check_trace(made):
+    assert glob.glob(os.path.join(made.run("short"), "profile", "*.pt.trace.json"))
 
 
-def check_snapshot_message(scratch, output):
-    run_dir(scratch, "short")
-    assert "CUDA memory snapshots need a GPU" in output
+def check_snapshot_message(made):
+    made.run("short")
+    assert "CUDA memory snapshots need a GPU" in made.output
 
 
 def check_benchy(config):
-    def check(scratch, output):
+    def check(made):
         for kind in ("IO", "SYNTHETIC", "FULL"):
-            assert re.search(rf"BENCHY::SUMMARY::\s*{kind} average trial throughput: [\d.]+ \+/- [\d.]+", output), kind
-        with open(os.path.join(scratch, "runs", config, "1CPU", "00", "benchy_output.json")) as f:
+            assert re.search(rf"BENCHY::SUMMARY::\s*{kind} average trial throughput: [\d.]+ \+/- [\d.]+",
+                             made.output), kind
+        with open(os.path.join(made.run(config), "benchy_output.json")) as f:
             assert json.load(f)["FULL"]["trial_throughput"]
     return check
 
 
-def check_ladder(scratch, output):
-    (path,) = glob.glob(os.path.join(scratch, "runs", "benchmarks", "ladder", "*.json"))
-    with open(path) as f:
+def check_ladder(made):
+    with open(made.one("runs/benchmarks/ladder/*.json")) as f:
         report = json.load(f)
     assert report["command"] == "python -m benchmarks.ladder --preset cpu --nbatches 2 --ntrials 1 --nwarmup 1"
     assert report["runs"] and all("error" not in run and run["full"] > 0 for run in report["runs"]), report["runs"]
 
 
-def check_layers(scratch, output):
-    (path,) = glob.glob(os.path.join(scratch, "layers_out", "*-fp32.json"))
-    with open(path) as f:
+def check_layers(made):
+    with open(made.one("layers_out/*-fp32.json")) as f:
         report = json.load(f)
     assert len(report["layers"]) == 10 and report["total"]["gflop"] == pytest.approx(report["total"]["model_gflop"])
-    assert "The layers' FLOPs add up to the model's" in output
+    assert "The layers' FLOPs add up to the model's" in made.output
 
 
-def check_flop_table(scratch, output):
+def check_flop_table(made):
+    output = made.output
     assert "| up 1 | 256 -> 64 | 16 -> 32 | 25.77 | 32.0% |" in output
     assert "Transposed convolutions: 68.2% of the FLOPs; all convolutions: 80.46 GFLOP per sample." in output
 
 
-def check_memory_budget(scratch, output):
+def check_memory_budget(made):
+    output = made.output
     assert "Per-GPU memory budget: config bs64_opt, 1 rank(s), local batch 64" in output
     assert "On a 40 GiB GPU: fits" in output and "Host memory of --data_loader_config=inmem: 43.5 GB" in output
 
 
-def check_precision(scratch, output):
-    (path,) = glob.glob(os.path.join(scratch, "precision_out", "*.json"))
-    with open(path) as f:
+def check_precision(made):
+    with open(made.one("precision_out/*.json")) as f:
         report = json.load(f)
     assert [rung["name"] for rung in report["rungs"]] == ["fp32", "bf16", "fp16"]
-    assert "| fp16 |" in output
+    assert "| fp16 |" in made.output
 
 
-def check_plan(scratch, output):
+def check_plan(made):
+    output = made.output
     assert re.findall(r"^ *\d+\. stage ([\w -]+?): budget \d+ s, about \d+ s; carry .+?; timeout_s \d+ \(fits\)$",
                       output, flags=re.M) == ["preflight", "ladder", "scaling", "ladder-alone", "profiles",
                                               "tests-gpu and tests-compile", "tests-distributed", "batch-sweep",
@@ -461,15 +500,15 @@ def check_plan(scratch, output):
     assert "(each fits its 15 min)" in output
 
 
-def check_profiles(scratch, output):
-    with open(os.path.join(scratch, "profiles_out", "profiles.json")) as f:
+def check_profiles(made):
+    with open(made.one("profiles_out/profiles.json")) as f:
         [entry] = json.load(f)["profiles"]
     assert "error" not in entry and entry["phase_ms_per_step"]["forward"] > 0, entry
-    assert os.path.isfile(os.path.join(scratch, "profiles_out", entry["file"]))
+    made.one(f"profiles_out/{entry['file']}")
 
 
-def check_scaling(scratch, output):
-    (path,) = glob.glob(os.path.join(scratch, "runs", "benchmarks", "scaling", "*", "scaling.json"))
+def check_scaling(made):
+    path = made.one("runs/benchmarks/scaling/*/scaling.json")
     with open(path) as f:
         index = json.load(f)
     assert [(p["mode"], p["ranks"]) for p in index["points"]] == [("ddp", 1), ("noddp", 1)]
@@ -478,10 +517,8 @@ def check_scaling(scratch, output):
 
 
 def check_ddp_options(options, folder_suffix):
-    def check(scratch, output):
-        (path,) = glob.glob(os.path.join(scratch, "runs", "benchmarks", "scaling", f"*-{folder_suffix}",
-                                         "scaling.json"))
-        with open(path) as f:
+    def check(made):
+        with open(made.one(f"runs/benchmarks/scaling/*-{folder_suffix}/scaling.json")) as f:
             index = json.load(f)
         assert index["ddp_options"] == options and all("file" in p for p in index["points"]), index["points"]
         ddp, noddp = index["points"]
@@ -489,40 +526,39 @@ def check_ddp_options(options, folder_suffix):
     return check
 
 
-def check_strong_scaling(scratch, output):
-    (path,) = glob.glob(os.path.join(scratch, "runs", "benchmarks", "scaling", "*-strong-16-*", "scaling.json"))
-    with open(path) as f:
+def check_strong_scaling(made):
+    with open(made.one("runs/benchmarks/scaling/*-strong-16-*/scaling.json")) as f:
         index = json.load(f)
     assert index["global_batch"] == 16 and all("file" in p for p in index["points"]), index["points"]
     assert ["--local_batch_size=16" in p["command"] for p in index["points"]] == [True, True, False, False]
     assert all("--local_batch_size=8" in p["command"] for p in index["points"][2:])
 
 
-def check_help(scratch, output):
-    assert output.startswith("usage: python train.py") and "  --num_epochs=INT" in output
-    assert not os.path.exists(os.path.join(scratch, "runs"))  # --help trains nothing, writes nothing
+def check_help(made):
+    assert made.output.startswith("usage: python train.py") and "  --num_epochs=INT" in made.output
+    assert not made.new, made.new  # --help trains nothing, writes nothing
 
 
 def check_png(name):
-    def check(scratch, output):
-        assert open(os.path.join(scratch, name), "rb").read(4) == b"\x89PNG"
+    def check(made):
+        assert open(made.one(name), "rb").read(4) == b"\x89PNG"
     return check
 
 
 def check_output(text):
-    def check(scratch, output):
-        assert text in output, output[-3000:]
+    def check(made):
+        assert text in made.output, made.output[-3000:]
     return check
 
 
 def check_network(name):
     """The all-reduce sweep's profile, with the keys benchmarks.scaling_model reads."""
-    def check(scratch, output):
+    def check(made):
         from benchmarks import allreduce
 
-        with open(os.path.join(scratch, name)) as f:
+        with open(made.one(name)) as f:
             profile = allreduce.check_profile(json.load(f))
-        assert (profile["backend"], profile["world_size"]) == ("gloo", 2) and f"# wrote {name}" in output
+        assert (profile["backend"], profile["world_size"]) == ("gloo", 2) and f"# wrote {name}" in made.output
     return check
 
 
@@ -532,8 +568,9 @@ def benchy_run(name, *extra):
             f"--num_epochs=4 {' '.join(extra)}")
 
 
-def check_domain(scratch, output):
-    with open(os.path.join(scratch, "domain_out", "domain.json")) as f:
+def check_domain(made):
+    output = made.output
+    with open(made.one("domain_out/domain.json")) as f:
         rows = json.load(f)["rows"]
     assert [(row["crop"], row["ranks"]) for row in rows] == [(128, 1), (128, 2)]
     assert all(row["saved_bytes"] == row["predicted_saved_bytes"] for row in rows), rows
@@ -544,17 +581,15 @@ def check_domain(scratch, output):
 
 # The README command, exactly as extracted (one line, single spaces), and how it is run.
 RUN = {
-    "make data": Run(data=False, check=check_generated(128, 64)),
-    "python -m utils.generate_data --out_dir data": Run(
-        data=False, append="--train_size 32 --val_size 16", check=check_generated(32, 16)),
+    "make data": Run(check=check_generated(128, 64)),
+    # As written: the sizes of `make data`, which it follows (over that data set).
+    "python -m utils.generate_data --out_dir data": Run(check=check_generated(128, 64)),
     # Smaller boxes than the README's, to stay quick.
     "python -m utils.generate_data --train_size 256 --val_size 128 --out_dir data_large": Run(
         append="--train_size 32 --val_size 16", check=check_generated(32, 16, folder="data_large")),
-    # Over .npy copies that exist already, as after the generator (hence the README's --force).
-    "python -m utils.convert_h5_to_npy -i data/synthetic_train.h5 -d Nbody -l Hydro --force": Run(
-        before=("python -m utils.convert_h5_to_npy -i data/synthetic_train.h5 -d Nbody -l Hydro",),
-        check=check_npy),
-    "python train.py --config=short --help": Run(data=False, check=check_help),
+    # Over the .npy copies the generator made (hence the README's --force).
+    "python -m utils.convert_h5_to_npy -i data/synthetic_train.h5 -d Nbody -l Hydro --force": Run(check=check_npy),
+    "python train.py --config=short --help": Run(check=check_help),
     "python train.py --config=short --num_epochs 4 --num_data_workers 8": Run(
         append=f"{SMALL_MODEL} {TINY}", check=check_run("short", num_data_workers=8)),
     "python train.py --config=demo --crop_size=64 --full_scale --start_lr=1e-3 --num_epochs=1 --run_num=crop64": Run(
@@ -568,13 +603,12 @@ RUN = {
         append=TINY, env={"DATA_DIR": "{scratch}/real"}, check=check_real_paths),
     "python train.py --config=demo --run_num=two --num_epochs=2": Run(
         append=f"{TINY} --checkpoint=true", check=check_run("demo", run_num="two")),
-    # First a one-epoch run under the same run name: --resume alone keeps its one epoch (complete);
-    # with --allow_changes=num_epochs it continues to epoch 2 (TINY's sizes: 2 epochs for the README's 4).
+    # After the one-epoch run above under the same run name (TINY's sizes: 1 epoch for the README's 2):
+    # --resume alone keeps its one epoch (complete); with --allow_changes=num_epochs it continues to epoch 2
+    # (2 epochs for the README's 4).
     "python train.py --config=demo --run_num=two --resume": Run(
-        before=(f"python train.py --config=demo --run_num=two {TINY} --checkpoint=true",),
         append=f"{TINY} --checkpoint=true", check=check_complete),
     "python train.py --config=demo --run_num=two --resume --num_epochs=4 --allow_changes=num_epochs": Run(
-        before=(f"python train.py --config=demo --run_num=two {TINY} --checkpoint=true",),
         append=f"{TINY} --num_epochs=2 --checkpoint=true", check=check_resumed),
     "python train.py --config=short --num_epochs 4 --profiler=torch": Run(
         append=f"{SMALL_MODEL} {TINY} --profile_start_epoch=1 --profile_steps=2", check=check_trace),
@@ -590,13 +624,13 @@ RUN = {
     "python -m benchmarks.ladder --preset cpu": Run(append="--nbatches 2 --ntrials 1 --nwarmup 1", check=check_ladder),
     "python -m benchmarks.layers --preset cpu": Run(append="--repeats 1 --out_dir layers_out", check=check_layers),
     # Calculations from the model's shapes: nothing is trained, so they run as written.
-    "python -m benchmarks.layers --flops --amp_mode=bf16": Run(data=False, check=check_flop_table),
-    "python -m benchmarks.memory_budget --config=bs64_opt --gpu_memory_gib=40": Run(data=False, check=check_memory_budget),
+    "python -m benchmarks.layers --flops --amp_mode=bf16": Run(check=check_flop_table),
+    "python -m benchmarks.memory_budget --config=bs64_opt --gpu_memory_gib=40": Run(check=check_memory_budget),
     # One epoch of 16 crops per rung on a narrower model, written into the scratch folder.
     "python -m benchmarks.precision --preset cpu": Run(
         append="--num_epochs 1 --Nsamples=16 --Nsamples_val=8 --base_channels=4 --data_dir data --out_dir precision_out",
         check=check_precision),
-    "benchmarks/gpu_suite.sh --plan": Run(env={"PYTHON": sys.executable}, data=False, check=check_plan),
+    "benchmarks/gpu_suite.sh --plan": Run(env={"PYTHON": sys.executable}, check=check_plan),
     # One rung, two steps, written into the scratch folder (the default folder, example_logs/, is linked here).
     "python -m benchmarks.profiles --preset cpu": Run(
         append="--only gpu_inmem --steps 2 --data_dir data --out_dir profiles_out", check=check_profiles),
@@ -626,23 +660,23 @@ RUN = {
     "--lr_scaling=sqrt --warmup_steps=32 --bucket_cap_mb=100 --ddp_comm_hook=bf16": Run(
         append=TINY, check=check_run("demo", devices="2CPU", global_batch_size=16, warmup_steps=32,
                                      ddp_comm_hook="bf16")),
-    "python -m benchmarks.scaling_model --check": Run(data=False, check=check_output("\nverdict: ")),
-    "python -m benchmarks.scaling_model --check --json": Run(data=False, check=check_output('"nccl": "2.15.5"')),
-    "python -m benchmarks.scaling_model --knobs": Run(data=False, check=check_output("| --ddp_comm_hook=bf16 |")),
+    "python -m benchmarks.scaling_model --check": Run(check=check_output("\nverdict: ")),
+    "python -m benchmarks.scaling_model --check --json": Run(check=check_output('"nccl": "2.15.5"')),
+    "python -m benchmarks.scaling_model --knobs": Run(check=check_output("| --ddp_comm_hook=bf16 |")),
     "python -m benchmarks.scaling_model --machine h100 --local_batch_size=128 --ddp_comm_hook=bf16 --out model.png": Run(
-        data=False, check=check_png("runs/benchmarks/model.png")),
+        check=check_png("runs/benchmarks/model.png")),
     "torchrun --standalone --nproc_per_node=2 -m benchmarks.allreduce --min_bytes 4K --max_bytes 64M --out cpu-network.json":
-        Run(data=False, append="--max_bytes 8K --iters 1 --warmup 0", check=check_network("cpu-network.json")),
+        Run(append="--max_bytes 8K --iters 1 --warmup 0", check=check_network("cpu-network.json")),
     "python -m benchmarks.cudnn_autotune": Run(
-        data=False, check=check_output("nothing to measure"),
+        check=check_output("nothing to measure"),
         marks=(pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU it measures (the GPU suite runs it)"),)),
     # Domain parallelism: two steps on 128^3 crops (the domain_demo's own size), on two ranks and on one.
     "torchrun --nproc_per_node=2 train.py --config=domain_demo": Run(
-        append=DOMAIN_TINY, data=False, check=check_run("domain_demo", devices="2CPU", domain_mesh=[2, 1, 1])),
+        append=DOMAIN_TINY, check=check_run("domain_demo", devices="2CPU", domain_mesh=[2, 1, 1])),
     'python train.py --config=domain_demo "--domain_mesh=[1,1,1]"': Run(
-        append=DOMAIN_TINY, data=False, check=check_run("domain_demo", domain_mesh=[1, 1, 1])),
+        append=DOMAIN_TINY, check=check_run("domain_demo", domain_mesh=[1, 1, 1])),
     "python -m benchmarks.domain --crops 128 256 --ranks 1 2 4": Run(
-        append="--base_channels 4 --crops 128 --ranks 1 2 --out_dir domain_out", data=False, check=check_domain),
+        append="--base_channels 4 --crops 128 --ranks 1 2 --out_dir domain_out", check=check_domain),
     # Its inputs come from the sbatch loop above; here from two real one-rank CPU benchy runs.
     "python -m benchmarks.plot_scaling --ddp scaling/ddp_*.json --noddp scaling/noddp_*.json --out scaling/scaling.png":
         Run(before=(benchy_run("ddp_1"), benchy_run("noddp_1", "--noddp")),
@@ -672,10 +706,8 @@ RUN.update({
     # On a CPU the variable changes nothing; the run must still work as written.
     f"NVIDIA_TF32_OVERRIDE=0 {SHORT} --data_loader_config=gpu-inmem": Run(
         append=f"{SMALL_MODEL} {TINY}", check=check_run("short", data_loader_config="gpu-inmem")),
-    # DALI's real pipeline in its CPU mode, on .npy copies made first as the README's data section says.
+    # DALI's real pipeline in its CPU mode, on the .npy copies of the README's data section.
     f"{SHORT} --num_data_workers 8 --data_loader_config=dali-lowmem": Run(
-        before=("python -m utils.convert_h5_to_npy -i data/synthetic_train.h5 -d Nbody -l Hydro",
-                "python -m utils.convert_h5_to_npy -i data/synthetic_valid.h5 -d Nbody -l Hydro"),
         append=f"{SMALL_MODEL} {TINY}", check=check_run("short", data_loader_config="dali-lowmem"),
         marks=(needs_dali,)),
 })
@@ -757,41 +789,96 @@ def command_id(command, limit=90):
     return command if len(command) <= limit else command[:limit // 2 - 2] + "..." + command[-(limit // 2 - 1):]
 
 
+def skipped_here(run):
+    """The reason a command's marks skip it on this machine, or None."""
+    for mark in run.marks:
+        if mark.name == "skipif" and mark.args and mark.args[0]:
+            return mark.kwargs.get("reason", "skipped")
+    return None
+
+
+@dataclass
+class Ran:
+    """One command of the reading: its command line, exit status, output, and its check's failure ("" if none)."""
+    line: str
+    returncode: int
+    output: str
+    problem: str = ""
+
+
+@pytest.fixture(scope="module")
+def reading(tmp_path_factory, readme_data):
+    """A reader who runs the tutorial's commands in reading order (README.md, then the chapters
+    docs/01-*.md, docs/02-*.md, ...), in one fresh copy of the repository, CPU-sized as above, the
+    state carried from each command to the next: {command: Ran}, each checked right after it ran on
+    the files it made or changed. A command that fails does not stop the reading: the later ones
+    report for themselves."""
+    scratch = make_scratch(tmp_path_factory.mktemp("reading"), ROOT)
+    has_venv = os.path.isdir(os.path.join(scratch, ".venv"))
+    for folder, (train_name, valid_name) in DATA_FOLDERS.items():
+        if folder != "data":  # data/ is made by the README's own first commands
+            copy_data([(readme_data["train"], os.path.join(scratch, folder, train_name)),
+                       (readme_data["valid"], os.path.join(scratch, folder, valid_name))])
+    write_tiny_benchy_config(os.path.join(scratch, "benchy.yaml"))
+    # Nothing of the caller's make (its variables travel in MAKEFLAGS), Slurm job or benchy settings.
+    base_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("BENCHY_", "SLURM_", "MAKE")) and k not in ("MFLAGS", "DATA_DIR", "TENSORBOARD_LOGDIR")}
+    base_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + base_env.get("PATH", "")
+    ran = {}
+    for command in COMMANDS:
+        run = RUN.get(command)
+        if run is None or skipped_here(run) or (command.startswith("make ") and not has_venv):
+            continue
+        env = {**base_env, **{key: value.format(scratch=scratch) for key, value in run.env.items()}}
+        for line in run.before:
+            result = run_shell(shell_line(line), scratch, env)
+            if result.returncode != 0:
+                ran[command] = Ran(line, result.returncode, result.stdout[-3000:] + result.stderr[-3000:],
+                                   "its set-up failed")
+                break
+        else:
+            line = shell_line(command) + (" " + run.append if run.append else "")
+            before = snapshot(scratch)
+            result = run_shell(line, scratch, env)
+            output = result.stdout + result.stderr
+            after = snapshot(scratch)
+            ran[command] = Ran(line, result.returncode, output)
+            if result.returncode == 0 and run.check:
+                try:
+                    run.check(Made(scratch, output, {p for p, t in after.items() if before.get(p) != t}))
+                except AssertionError as error:
+                    ran[command].problem = f"{type(error).__name__}: {error}"
+    yield ran
+    for folder in ("data", "data_large", "real"):  # pytest keeps the last runs' folders: the logs, not the data
+        shutil.rmtree(os.path.join(scratch, folder), ignore_errors=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command", [
     pytest.param(c, id=command_id(c), marks=[*RUN[c].marks, *([pytest.mark.xfail(strict=True, reason=RUN[c].xfail)]
                                                               if RUN[c].xfail else [])])
     for c in COMMANDS if c in RUN])
-def test_readme_command_runs_on_cpu(command, tmp_path, readme_data):
-    run = RUN[command]
-    scratch = make_scratch(tmp_path, ROOT)
-    if command.startswith("make ") and not os.path.isdir(os.path.join(scratch, ".venv")):
+def test_readme_command_runs_on_cpu(command, reading):
+    """The command, at its place in the reading, exits 0 and makes what it promises."""
+    if command.startswith("make ") and command not in reading:
         pytest.skip("make would build a .venv here: run the tests from the repository's virtual environment")
-    wanted = {"data": run.data, "data/benchmark": re.search(r"benchmarks\.(ladder|scaling)", command) is not None, "real": "$DATA_DIR" in command}
-    for folder, (train_name, valid_name) in DATA_FOLDERS.items():
-        if wanted[folder]:
-            copy_data([(readme_data["train"], os.path.join(scratch, folder, train_name)),
-                       (readme_data["valid"], os.path.join(scratch, folder, valid_name))])
-    write_tiny_benchy_config(os.path.join(scratch, "benchy.yaml"))
-    # Nothing of the caller's make (its variables travel in MAKEFLAGS), Slurm job or benchy settings.
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("BENCHY_", "SLURM_", "MAKE")) and k not in ("MFLAGS", "DATA_DIR", "TENSORBOARD_LOGDIR")}
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env.update({key: value.format(scratch=scratch) for key, value in run.env.items()})
+    ran = reading[command]
+    earlier = [c for c in reading if c != command and reading[c].returncode != 0][:3]
+    assert ran.returncode == 0, f"`{ran.line}` exited with {ran.returncode} (earlier commands that failed: " \
+                                f"{earlier}):\n{ran.output[-5000:]}"
+    assert not ran.problem, f"`{ran.line}`: {ran.problem}\n{ran.output[-3000:]}"
 
-    try:
-        for line in run.before:
-            result = run_shell(shell_line(line), scratch, env)
-            assert result.returncode == 0, f"set-up `{line}` failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-        line = shell_line(command) + (" " + run.append if run.append else "")
-        result = run_shell(line, scratch, env)
-        output = result.stdout + result.stderr
-        assert result.returncode == 0, f"`{line}` exited with {result.returncode}:\n{output[-5000:]}"
-        if run.check:
-            run.check(scratch, output)
-    finally:  # pytest keeps the last runs' tmp_path: keep the logs, not the data copies
-        for folder in ("data", "real"):
-            shutil.rmtree(os.path.join(scratch, folder), ignore_errors=True)
+
+@pytest.mark.slow
+def test_readme_commands_run_in_order_in_one_fresh_copy(reading):
+    """Every command run here ran, in reading order, and none exited non-zero: no run directory
+    collides with an earlier command's, no tool refuses its documented command because an earlier
+    one wrote its results."""
+    left_out = [c for c in COMMANDS if c in RUN and c not in reading and not skipped_here(RUN[c])
+                and not c.startswith("make ")]
+    assert not left_out, f"commands of RUN the reading did not run: {left_out}"
+    failed = [c for c, r in reading.items() if r.returncode != 0]
+    assert not failed, f"commands that exited non-zero, in order: {failed}"
 
 
 def test_scaling_model_prose_is_that_of_its_report():
@@ -929,52 +1016,3 @@ def test_scaling_model_prose_is_that_of_its_report():
            f"{1e3 * model.allreduce_time(0, 256, h100):.2f} for the tree" in text
     knob = {k["knobs"]: k for k in report["knobs"]["h100"]}["bs64_opt as published (the baseline)"]
     assert f"{100 * knob['synthetic'][0]:.0f}-{100 * knob['synthetic'][1]:.0f}% for bs64_opt" in text
-
-
-# Commands run here whose inputs come from README commands that are not (the sbatch loop of the
-# scaling section): in the in-order run their `before` lines stand in for those.
-IN_ORDER_SET_UP = {c for c in RUN if c.startswith("python -m benchmarks.plot_scaling")}
-# Run as written in the in-order run (the sizes of `make data`, which it follows: it finds that data set).
-IN_ORDER_AS_WRITTEN = {"python -m utils.generate_data --out_dir data"}
-
-
-@pytest.mark.slow
-def test_readme_commands_run_in_order_in_one_fresh_copy(tmp_path, readme_data):
-    """A reader who runs the tutorial's commands in reading order (README.md, then the chapters
-    docs/01-*.md, docs/02-*.md, ...), in one fresh copy of the repository:
-    every command run here exits 0 (no run directory collides with an earlier command's, no tool
-    refuses its documented command because an earlier one wrote its results); CPU-sized as above,
-    the same state carried from each command to the next."""
-    scratch = make_scratch(tmp_path, ROOT)
-    has_venv = os.path.isdir(os.path.join(scratch, ".venv"))
-    for folder, (train_name, valid_name) in DATA_FOLDERS.items():
-        if folder != "data":  # data/ is made by the README's own first commands
-            copy_data([(readme_data["train"], os.path.join(scratch, folder, train_name)),
-                       (readme_data["valid"], os.path.join(scratch, folder, valid_name))])
-    if not has_venv:  # `make data` is skipped: the generator's command makes data/
-        copy_data([(readme_data["train"], os.path.join(scratch, "data", "synthetic_train.h5")),
-                   (readme_data["valid"], os.path.join(scratch, "data", "synthetic_valid.h5"))])
-    write_tiny_benchy_config(os.path.join(scratch, "benchy.yaml"))
-    base_env = {k: v for k, v in os.environ.items()
-                if not k.startswith(("BENCHY_", "SLURM_", "MAKE")) and k not in ("MFLAGS", "DATA_DIR", "TENSORBOARD_LOGDIR")}
-    base_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + base_env.get("PATH", "")
-    ran, skipped = [], []
-    for command in COMMANDS:
-        run = RUN.get(command)
-        if run is None:
-            continue
-        if (command.startswith("make ") and not has_venv) or ("dali" in command and not dali_installed()):
-            skipped.append(command)
-            continue
-        env = {**base_env, **{key: value.format(scratch=scratch) for key, value in run.env.items()}}
-        for line in run.before if command in IN_ORDER_SET_UP else ():
-            result = run_shell(shell_line(line), scratch, env)
-            assert result.returncode == 0, f"set-up `{line}` failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-        append = "" if command in IN_ORDER_AS_WRITTEN else run.append
-        line = shell_line(command) + (" " + append if append else "")
-        result = run_shell(line, scratch, env)
-        output = result.stdout + result.stderr
-        assert result.returncode == 0, f"after {len(ran)} commands, `{command}` exited with " \
-                                       f"{result.returncode}:\n{output[-5000:]}"
-        ran.append(command)
-    assert ran == [c for c in COMMANDS if c in RUN and c not in skipped], "every command run here ran, in order"
