@@ -422,7 +422,9 @@ stage_nsys-probe() {
     local status=0 nsys deb gpus
     mkdir -p "$RESULTS/nsys-probe"
     gpus=$(cuda_gpus)
-    step data 20 "$PYTHON" -c "from benchmarks.common import make_data; make_data('$DATA_DIR', 256)" || return 1
+    if [ "$gpus" != 0 ]; then  # the data set the routes profile on (without a GPU no route runs)
+        step data 20 "$PYTHON" -c "from benchmarks.common import make_data; make_data('$DATA_DIR', 256)" || return 1
+    fi
     export -f nsys_route note  # run by step (under timeout), in a shell of their own
     export RESULTS PYTHON DATA_DIR NSYS_LIMIT
     nsys=$("$PYTHON" -c 'from benchmarks.profiles import find_nsys; print(find_nsys() or "")')
