@@ -89,7 +89,7 @@ export PYTHONUNBUFFERED=1
 
 # Seconds per stage and per step: priced by benchmarks/suite_plan.py (--plan shows both; a test keeps
 # these equal to its figures).
-declare -A BUDGET=([preflight]=60 [ladder]=430 [ladder-alone]=270 [batch-sweep]=340 [profiles]=220 [tests-gpu]=340 [tests-compile]=170
+declare -A BUDGET=([preflight]=60 [ladder]=430 [ladder-alone]=270 [batch-sweep]=340 [profiles]=240 [tests-gpu]=340 [tests-compile]=170
                    [tests-distributed]=400 [scaling]=110 [dali]=330 [multi-gpu]=210 [nsys-probe]=320 [original]=530)
 STAGES="preflight ladder ladder-alone batch-sweep profiles tests-gpu tests-compile tests-distributed scaling dali multi-gpu nsys-probe original"
 NSYS_LIMIT=120  # seconds for one Nsight Systems route: its start, the run, the report (its importer included)
@@ -276,8 +276,9 @@ stage_profiles() {
     esac
     step profiles 120 "$PYTHON" -m benchmarks.profiles --preset "$PRESET" --data_dir "$DATA_DIR" "${nsys[@]}" \
         --timeout 120 --out_dir "$RESULTS/profiles" --overwrite "${PROFILE_ONLY[@]}" || status=1
-    step layers 10 "$PYTHON" -m benchmarks.layers --preset "$PRESET" --out_dir "$RESULTS/layers" --overwrite \
-        "${LAYERS_SIZES[@]}" || status=1
+    # In the best rung's layout (bf16 with the preset, fused Adam, channels_last): the step layer by layer too.
+    step layers 20 "$PYTHON" -m benchmarks.layers --preset "$PRESET" --out_dir "$RESULTS/layers" --overwrite \
+        --enable_fused --channels_last "${LAYERS_SIZES[@]}" || status=1
     # The first step's cost of cuDNN's autotuning, where this tree has the tool (its output is in this
     # stage's log; with CPU_CHECK its --help: the GPU measures it).
     local tune=()

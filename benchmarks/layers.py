@@ -30,6 +30,7 @@ import time
 import torch
 
 import train
+from benchmarks import in_step
 from benchmarks.common import (add_output_options, argument_parser, check_preset, claim_files, device_name,
                                device_slug, free_name, results_folder, software, software_text, write_report)
 from utils.YParams import load_params
@@ -153,8 +154,8 @@ def time_rounds(functions, device, repeats, rounds):
     return best
 
 
-def time_step(params, device, batch, repeats):
-    """Seconds of one whole training step as train.py takes it (model, loss, backward, Adam)."""
+def training_step(params, device, batch):
+    """``(model, step, inputs, targets)``: train.py's step (model, loss, backward, Adam) on a random batch."""
     model = train.build_model(params, device)
     optimizer = build_optimizer(params, model)
     precision = Precision(params.amp_mode, device)
@@ -162,8 +163,24 @@ def time_step(params, device, batch, repeats):
     memory_format = train.memory_format(params)
     inputs = torch.randn(batch, params.N_in_channels, *[params.crop_size] * 3, device=device)
     targets = torch.randn(batch, params.N_out_channels, *[params.crop_size] * 3, device=device)
-    inputs, targets = inputs.to(memory_format=memory_format), targets.to(memory_format=memory_format)
+    return model, step, inputs.to(memory_format=memory_format), targets.to(memory_format=memory_format)
+
+
+def time_step(params, device, batch, repeats):
+    """Seconds of one whole training step as train.py takes it."""
+    _, step, inputs, targets = training_step(params, device, batch)
     return time_it(lambda: step(inputs, targets), device, repeats)
+
+
+def in_step_tables(argv, device, steps):
+    """The step profiled layer by layer (benchmarks/in_step.py), eager, with the layers plain and in their
+    exact forms: {"off": table, "on": table}."""
+    tables = {}
+    for forms in ("off", "on"):
+        params = load_params([*argv, "--jit_mode=none", f"--exact_forms={forms}"])
+        model, step, inputs, targets = training_step(params, device, params.global_batch_size)
+        tables[forms] = in_step.profile_step(step, inputs, targets, convolutions(model), device, steps)
+    return tables
 
 
 def measure(params, device, repeats, rounds=1):
@@ -213,6 +230,10 @@ def markdown(report):
               f"GFLOP per batch ({total['model_gflop'] / report['batch']:.2f} GFLOP per sample)."
               + (f" Model FLOP utilisation of the step: {total['mfu']:.1%} of {report['peak_tflops']:g} TFLOP/s."
                  if total.get("mfu") is not None else "")]
+    for forms, title in (("off", "The step layer by layer, the layers plain"),
+                         ("on", "The step layer by layer, the layers in their exact forms")):
+        if report.get("in_step", {}).get(forms):
+            lines += ["", in_step.markdown(report["in_step"][forms], title).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -225,13 +246,17 @@ def main(argv=None):
                         help="time each layer (and its exact form, in turn) this many times and keep the least mean: "
                              "for a machine shared with other work")
     parser.add_argument("--flops", action="store_true", help="print the FLOP table only: no timing, no GPU needed")
+    parser.add_argument("--in_step_steps", type=int, default=3,
+                        help="steps profiled for the tables of the step layer by layer, plain and in the exact forms "
+                             "(benchmarks/in_step.py); 0: none")
     args, options = parser.parse_known_args(argv)
     if args.flops:
         params = load_params(["--config=base", *options])
         print(flop_table(params, params.global_batch_size), end="")
         return
     check_preset(args.preset)
-    params = load_params([*PRESETS[args.preset]["options"], *options])
+    argv = [*PRESETS[args.preset]["options"], *options]
+    params = load_params(argv)
     train.check_crop_size(params)
     device = train.pick_device(params, World())  # cuDNN autotuning and TF32 as the options say
     precision = running_precision(params.amp_mode, params.tf32, device)  # the MFU's peak is this one's
@@ -248,6 +273,7 @@ def main(argv=None):
     flops, model_flops = sum(row["gflop"] for row in rows) * 1e9, unet_flops_per_sample(params) * batch
     if abs(flops - model_flops) > 1e-6 * model_flops:
         raise AssertionError(f"the layers' FLOPs ({flops:.6g}) do not add up to the model's ({model_flops:.6g})")
+    tables = in_step_tables(argv, device, args.in_step_steps) if args.in_step_steps > 0 else {}
     peak, _ = resolve_peak_flops(device, precision)
     seconds = sum(row["ms"] for row in rows) / 1e3
     report = {"device": name, **software(), "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
@@ -257,7 +283,7 @@ def main(argv=None):
               "cpu_model": None if device.type == "cuda" else cpu_model(),
               "conv3d_warnings": warnings, "peak_tflops": peak / 1e12 if peak else None,
               "command": "python -m benchmarks.layers " + " ".join(sys.argv[1:] if argv is None else argv),
-              "layers": rows,
+              "layers": rows, "in_step": tables,
               "total": {"gflop": flops / 1e9, "ms": 1e3 * seconds, "tflops": flops / seconds / 1e12,
                         "share_of_step": seconds / step_seconds, "model_gflop": model_flops / 1e9,
                         "step_ms": 1e3 * step_seconds, "step_tflops": model_flops / step_seconds / 1e12,

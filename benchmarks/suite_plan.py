@@ -239,11 +239,12 @@ def profiles_rows(steps=4, batch=64):
     return rows
 
 
-def layers_rows(batch=64):
-    # The layers one by one cost about one step together; then the whole step: two steps per timed call.
+def layers_rows(batch=64, in_step_steps=3):
+    # The layers one by one cost about one step together; then the whole step: two steps per timed call;
+    # then the step profiled layer by layer, plain and in the exact forms (2 warm-up steps each).
     calls = LAYER_PRESETS["gpu"]["repeats"] + 2
-    return [(f"python -m benchmarks.layers (the layers and a step, {calls} calls each)",
-             SETUP_S["process"] + 2 * calls * batch / ASSUMED_COMPUTE["amp"])]
+    return [(f"python -m benchmarks.layers (the layers and a step, {calls} calls each; the step profiled twice)",
+             SETUP_S["process"] + (2 * calls + 2 * (2 + in_step_steps)) * batch / ASSUMED_COMPUTE["amp"])]
 
 
 def scaling_rows(gpus=1, nbatches=20, ntrials=3, nwarmup=1, batch=64):

@@ -16,7 +16,7 @@ import sys
 # a real folder of links instead, because the ladder writes its results next to its own file.
 LINKED = ["train.py", "train_graph.py", "utils", "networks", "config", "benchy_config.yaml", "export_DDP_vars.sh",
           "submit_pm.sh", "Makefile", "requirements.txt", "requirements-test.txt", "requirements-dali.txt",
-          "example_logs", "start_tensorboard.ipynb", "figures"]
+          "example_logs", "sample_nsys_profiles", "start_tensorboard.ipynb", "figures"]
 
 
 def tutorial_files(root):

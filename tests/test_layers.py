@@ -35,6 +35,12 @@ def test_cpu_preset_writes_the_table_and_refuses_to_overwrite_it(tmp_path, capsy
                      "last": "sub-pixel"}
     assert all((row["exact_form_ms"] or 0) > 0 for row in report["layers"] if row["exact_form"])
     assert report["exact_forms"] == "auto" and report["rounds"] == 1 and report["cpu_model"]
+    # The step layer by layer (benchmarks/in_step.py), the layers plain and in their exact forms.
+    for forms, title in (("off", "the layers plain"), ("on", "the layers in their exact forms")):
+        rows = {row["row"]: row["ms"] for row in report["in_step"][forms]["rows"]}
+        assert list(rows)[:10] == [row["layer"] for row in report["layers"]]
+        assert sum(rows.values()) == pytest.approx(report["in_step"][forms]["step_ms"])
+        assert f"The step layer by layer, {title}: 3 steps profiled" in path.with_suffix(".md").read_text()
     output = capsys.readouterr().out
     assert "| last | ConvTranspose3d | 32 -> 5 | 16 |" in output and "The layers' FLOPs add up" in output
     last = next(line for line in output.splitlines() if line.startswith("| last |"))

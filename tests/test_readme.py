@@ -340,7 +340,7 @@ class Run:
     marks: tuple = ()
 
 
-def snapshot(scratch):
+def file_times(scratch):
     """{path relative to scratch: modification time} of the files in the scratch copy (links not followed)."""
     files = {}
     for folder, _, names in os.walk(scratch):
@@ -625,6 +625,9 @@ RUN = {
     "python -m benchmarks.layers --preset cpu": Run(append="--repeats 1 --out_dir layers_out", check=check_layers),
     # Calculations from the model's shapes: nothing is trained, so they run as written.
     "python -m benchmarks.layers --flops --amp_mode=bf16": Run(check=check_flop_table),
+    # Reads a committed H100 trace: runs as written.
+    "python -m benchmarks.in_step sample_nsys_profiles/gpu_inmem_bf16_fused_jit.pt.trace.json.gz": Run(
+        check=check_output("| convolutions | 24.43 | 54.1% |")),
     "python -m benchmarks.memory_budget --config=bs64_opt --gpu_memory_gib=40": Run(check=check_memory_budget),
     # One epoch of 16 crops per rung on a narrower model, written into the scratch folder.
     "python -m benchmarks.precision --preset cpu": Run(
@@ -838,10 +841,10 @@ def reading(tmp_path_factory, readme_data):
                 break
         else:
             line = shell_line(command) + (" " + run.append if run.append else "")
-            before = snapshot(scratch)
+            before = file_times(scratch)
             result = run_shell(line, scratch, env)
             output = result.stdout + result.stderr
-            after = snapshot(scratch)
+            after = file_times(scratch)
             ran[command] = Ran(line, result.returncode, output)
             if result.returncode == 0 and run.check:
                 try:

@@ -1,0 +1,288 @@
+"""Where one real training step's time goes, layer by layer: the profiler's own events of a few steps,
+each kernel (on a CPU: each operator's own time) attributed to its convolution, to the layout
+conversions, to the other element-wise work or to the optimiser.
+
+``benchmarks.layers`` times each convolution alone, on its own input; its deepest rows are mostly a
+call's fixed cost, and it cannot see what the step does between the layers. Here nothing runs alone:
+train.py's step (forward, loss, backward, Adam) runs as it trains, with the profiler on, and
+
+- forward: a range ``layer: <name>`` around each convolution (a forward pre-hook opens it, the forward
+  hook closes it) holds the operators that layer launches;
+- backward: autograd runs each operator's backward under ``autograd::engine::evaluate_function: ...``
+  with the forward operator's sequence number, so the backward kernels go to the layer whose range held
+  that forward operator (the profiler's correlation, no backward hooks);
+- the optimiser's work runs under torch's own ``Optimizer.step#...`` and ``Optimizer.zero_grad#...``.
+
+A kernel is a layout conversion where its name says so (cuDNN's ``nchwToNhwc``/``nhwcToNchw``,
+transposes) or its operator is a ``contiguous``/``clone`` copy; a convolution's where its name or its
+operator is a convolution's; other element-wise work otherwise. The rows add up to the measured step:
+the steps' wall time, synchronised, of which what no kernel (on a CPU: no operator) covers is its own
+row (the device idle while the host launches; on a CPU, Python between the operators).
+
+The step is eager (``--jit_mode=compile`` fuses the element-wise kernels and hides the layers'
+boundaries) and runs in the options' precision and layout. ``benchmarks.layers`` runs it; alone, this
+module reads a GPU trace that a profile already wrote (a ``.pt.trace.json[.gz]`` of ``train.py
+--profiler=torch`` or ``benchmarks.profiles``) and sorts its kernels by their names alone:
+
+    python -m benchmarks.in_step sample_nsys_profiles/gpu_inmem_bf16.pt.trace.json.gz
+"""
+import argparse
+import gzip
+import json
+import re
+import time
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+LAYER = "layer: "
+BACKWARD = "autograd::engine::evaluate_function: "
+OPTIMISER = ("Optimizer.step#", "Optimizer.zero_grad#")
+LAYOUT_KERNEL = re.compile(r"nchwToNhwc|nhwcToNchw|transpose|permute", re.I)
+CONV_KERNEL = re.compile(r"conv|xmma|implicit_gemm|dgrad|wgrad|fprop|cudnn|cutlass", re.I)
+CONV_OP = re.compile(r"conv", re.I)
+LAYOUT_OPS = ("aten::contiguous", "aten::clone")
+ARCHITECTURE = re.compile(r"(?<![a-z0-9])sm_?(\d{2,3})|cutlass_(\d{2,3})_", re.I)
+GENERATIONS = {"volta": "70", "turing": "75", "ampere": "80", "hopper": "90", "blackwell": "100"}
+ROWS_AFTER = ("layout conversions", "other element-wise", "optimiser")
+
+
+def architecture(kernel):
+    """The GPU generation a kernel was written for, ``sm80``, ``sm90``, ..., from its name (cuDNN's ``sm90_xmma_...``,
+    CUTLASS's ``cutlass_80_...``, cuBLAS's ``ampere_...``), or ``""`` where the name does not say."""
+    found = ARCHITECTURE.search(kernel)
+    if found:
+        return "sm" + (found.group(1) or found.group(2))
+    generation = next((number for name, number in GENERATIONS.items() if kernel.lower().startswith(name + "_")), None)
+    return f"sm{generation}" if generation else ""
+
+
+class LayerRanges:
+    """Forward hooks that open a profiler range ``layer: <name>`` around each layer's forward."""
+
+    def __init__(self, layers):
+        self.open, self.hooks = {}, []
+        for name, module in layers:
+            self.hooks += [module.register_forward_pre_hook(self.opener(name)),
+                           module.register_forward_hook(self.closer(name))]
+
+    def opener(self, name):
+        def hook(module, args):
+            self.open[name] = record_function(LAYER + name)
+            self.open[name].__enter__()
+        return hook
+
+    def closer(self, name):
+        def hook(module, args, output):
+            self.open.pop(name).__exit__(None, None, None)
+        return hook
+
+    def remove(self):
+        for hook in self.hooks:
+            hook.remove()
+
+
+def ancestors(event):
+    """The event and its enclosing CPU events, innermost first."""
+    while event is not None:
+        yield event
+        event = event.cpu_parent
+
+
+def context(event, layer_of_sequence):
+    """``(layer or None, optimiser?, under a layout copy?, under a convolution?)`` of a CPU operator."""
+    layer, optimiser, layout, conv = None, False, False, False
+    for each in ancestors(event):
+        name = each.name
+        if name.startswith(LAYER):
+            layer = layer or name[len(LAYER):]
+        elif name.startswith(BACKWARD):
+            layer = layer or layer_of_sequence.get(each.sequence_nr)
+        elif name.startswith(OPTIMISER):
+            optimiser = True
+        layout = layout or name in LAYOUT_OPS
+        conv = conv or (name.startswith("aten::") and CONV_OP.search(name) is not None)
+    return layer, optimiser, layout, conv
+
+
+def forward_sequences(events):
+    """{sequence number: layer} of the forward operators that ran inside a layer's range."""
+    found = {}
+    for event in events:
+        if event.sequence_nr >= 0 and not event.name.startswith(BACKWARD):
+            layer = next((each.name[len(LAYER):] for each in ancestors(event) if each.name.startswith(LAYER)), None)
+            if layer is not None:
+                found.setdefault(event.sequence_nr, layer)
+    return found
+
+
+def units(events, cuda):
+    """``(name, microseconds, launching CPU event)`` of each piece of timed work: the kernels on a GPU; on a
+    CPU, each operator's own time (its children's excluded), ranges of Python code (``layer: ...``,
+    ``Optimizer...``, autograd's nodes) left out, their time being that of the operators inside them."""
+    for event in events:
+        if event.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        if cuda:
+            for kernel in event.kernels:
+                yield kernel.name, kernel.duration, event
+        elif event.name.startswith("aten::") and event.self_cpu_time_total > 0:
+            yield event.name, event.self_cpu_time_total, event
+
+
+def attribute(events, layer_names, cuda):
+    """{row: {"us": time, "layout_us": the layout conversions inside a layer, "kernels": {name: us}}}."""
+    layer_of_sequence = forward_sequences(events)
+    rows = {name: {"us": 0.0, "layout_us": 0.0, "kernels": defaultdict(float)}
+            for name in [*layer_names, *ROWS_AFTER]}
+    for name, us, event in units(events, cuda):
+        layer, optimiser, under_layout, under_conv = context(event, layer_of_sequence)
+        layout = under_layout or LAYOUT_KERNEL.search(name) is not None
+        if optimiser:
+            row = "optimiser"
+        elif layout:
+            row = "layout conversions"
+            if layer is not None:
+                rows[layer]["layout_us"] += us
+        elif layer is not None and (under_conv or (cuda and CONV_KERNEL.search(name))):
+            row = layer
+        else:
+            row = "other element-wise"
+        rows[row]["us"] += us
+        rows[row]["kernels"][name] += us
+    return rows
+
+
+def device_kernel_us(events):
+    """All the profiled kernels' time, whichever CPU event launched them (the attribution's check)."""
+    return sum(event.time_range.elapsed_us() for event in events
+               if event.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profile_step(step, inputs, targets, layers, device, steps=3, warmup=2):
+    """Profile ``steps`` calls of ``step(inputs, targets)`` after ``warmup`` untimed ones, with a range around
+    each of ``layers`` (``[(name, module)]``, in forward order); returns the table as a dict (times in ms
+    per step)."""
+    for _ in range(warmup):
+        step(inputs, targets)
+    synchronize(device)
+    cuda = device.type == "cuda"
+    ranges = LayerRanges(layers)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    try:
+        with profile(activities=activities) as profiler:
+            synchronize(device)
+            start = time.perf_counter()
+            for _ in range(steps):
+                step(inputs, targets)
+            synchronize(device)
+            seconds = time.perf_counter() - start
+    finally:
+        ranges.remove()
+    events = profiler.events()
+    names = [name for name, _ in layers]
+    rows = attribute(events, names, cuda)
+    step_us = 1e6 * seconds
+    worked = sum(row["us"] for row in rows.values())
+    table = {"device": "cuda" if cuda else "cpu", "steps": steps, "step_ms": step_us / steps / 1e3,
+             "unit": "kernels" if cuda else "operators' own time", "rows": []}
+    for name, row in rows.items():
+        top = max(row["kernels"], key=row["kernels"].get) if row["kernels"] else ""
+        kernels = sorted(row["kernels"].items(), key=lambda item: -item[1])[:5]
+        table["rows"].append({"row": name, "ms": row["us"] / steps / 1e3, "share": row["us"] / step_us,
+                              "layout_ms": row["layout_us"] / steps / 1e3, "main": top,
+                              "kernels": {kernel: us / steps / 1e3 for kernel, us in kernels},
+                              "architecture": architecture(top) if cuda else "",
+                              "architectures": sorted({architecture(k) for k in row["kernels"]} - {""})})
+    idle = "device idle (no kernel running)" if cuda else "host between operators (Python, hooks)"
+    table["rows"].append({"row": idle, "ms": (step_us - worked) / steps / 1e3, "share": (step_us - worked) / step_us,
+                          "layout_ms": 0.0, "main": "", "kernels": {}, "architecture": "", "architectures": []})
+    # The profile's own total, summed another way (every kernel; every operator's own time, by key), to
+    # check that the rows lose nothing and count nothing twice.
+    profiled = device_kernel_us(events) if cuda else sum(
+        entry.self_cpu_time_total for entry in profiler.key_averages() if entry.key.startswith("aten::"))
+    table["profiled_ms"], table["attributed_ms"] = profiled / steps / 1e3, worked / steps / 1e3
+    return table
+
+
+def markdown(table, title):
+    cuda = table["device"] == "cuda"
+    unit, main = ("kernel time", "main kernel") if cuda else ("operators' own CPU time", "main operator")
+    lines = [f"{title}: {table['steps']} steps profiled, {table['step_ms']:.2f} ms a step (wall time, "
+             f"synchronised, profiler on); each row's {unit} per step. A layer's row holds its convolution's "
+             "work; the layout conversions it causes are counted in the layout row, and shown beside it.", "",
+             f"| row | ms | share of the step | layout conversions it causes (ms) | {main} |"
+             + (" architectures |" if cuda else ""), "|---|---|---|---|---|" + ("---|" if cuda else "")]
+    for row in table["rows"]:
+        kernel = f"`{row['main'][:80]}`" if row["main"] else ""
+        lines.append(f"| {row['row']} | {row['ms']:.2f} | {row['share']:.1%} | {row['layout_ms']:.2f} | {kernel} |"
+                     + (f" {', '.join(row['architectures'])} |" if cuda else ""))
+    total = sum(row["ms"] for row in table["rows"])
+    lines.append(f"| the step | {total:.2f} | {total / table['step_ms']:.1%} | | |" + (" |" if cuda else ""))
+    lines += ["", f"In the profile: {table['profiled_ms']:.2f} ms a step of {unit}; in the rows: "
+                  f"{table['attributed_ms']:.2f} ms."]
+    return "\n".join(lines) + "\n"
+
+
+OPTIMISER_KERNEL = re.compile(r"adam|multi_tensor_apply", re.I)
+
+
+def kernel_kind(name):
+    """A kernel's row kind from its name alone: optimiser, layout conversions, convolutions or other element-wise."""
+    if OPTIMISER_KERNEL.search(name):
+        return "optimiser"
+    if LAYOUT_KERNEL.search(name):
+        return "layout conversions"
+    return "convolutions" if CONV_KERNEL.search(name) else "other element-wise"
+
+
+def trace_kernels(path):
+    """``(kernels [(name, microseconds)], profiled steps)`` of a Chrome trace written by torch's profiler."""
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    kernels = [(event["name"], event["dur"]) for event in events if event.get("cat") == "kernel"]
+    steps = {event["name"] for event in events if event.get("name", "").startswith("ProfilerStep#")}
+    return kernels, len(steps)
+
+
+def trace_summary(path):
+    """Markdown: the trace's kernel time by kind and, for the convolutions, by GPU architecture."""
+    kernels, steps = trace_kernels(path)
+    total = sum(us for _, us in kernels)
+    if not kernels:
+        return f"{path}: no GPU kernels in this trace (a CPU run's trace has none).\n"
+    kinds, architectures = defaultdict(float), defaultdict(float)
+    for name, us in kernels:
+        kinds[kernel_kind(name)] += us
+        if kernel_kind(name) == "convolutions":
+            architectures[architecture(name) or "not named"] += us
+    per_step = max(steps, 1)
+    lines = [f"{path}: {len(kernels)} kernels, {total / 1e3:.2f} ms in {steps} profiled steps "
+             f"({total / per_step / 1e3:.2f} ms a step), sorted by name.", "",
+             "| kind | ms a step | share |", "|---|---|---|"]
+    lines += [f"| {kind} | {us / per_step / 1e3:.2f} | {us / total:.1%} |"
+              for kind, us in sorted(kinds.items(), key=lambda item: -item[1])]
+    conv = kinds["convolutions"]
+    lines += ["", "| convolution kernels written for | ms a step | share of the convolutions' |", "|---|---|---|"]
+    lines += [f"| {arch} | {us / per_step / 1e3:.2f} | {us / conv:.1%} |"
+              for arch, us in sorted(architectures.items(), key=lambda item: -item[1])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="A GPU trace's kernel time by kind (convolutions, layout "
+                                     "conversions, other element-wise, optimiser) and the convolutions' by "
+                                     "architecture, from the kernels' names.")
+    parser.add_argument("traces", nargs="+", help="torch profiler traces (.pt.trace.json or .pt.trace.json.gz)")
+    for path in parser.parse_args(argv).traces:
+        print(trace_summary(path))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""benchmarks/in_step.py: one real training step's time, attributed layer by layer from the profiler's events."""
+import pytest
+import torch
+
+import train
+from benchmarks import in_step, layers
+from conftest import needs_cuda
+from utils.YParams import load_params
+
+# The demo model at its narrowest: a step of a few hundred milliseconds on a CPU.
+TINY = ["--config=demo", "--device=cpu", "--base_channels=4", "--crop_size=32", "--global_batch_size=2"]
+
+
+def profiled(*options, device="cpu", steps=2):
+    params = load_params([*TINY, *options])
+    model, step, inputs, targets = layers.training_step(params, torch.device(device), params.global_batch_size)
+    return in_step.profile_step(step, inputs, targets, layers.convolutions(model), torch.device(device), steps)
+
+
+@pytest.fixture(scope="module")
+def tables():
+    torch.manual_seed(0)
+    return {forms: profiled(f"--exact_forms={forms}") for forms in ("off", "on")}
+
+
+def test_every_layer_has_its_row_and_the_rows_add_up_to_the_step(tables):
+    for table in tables.values():
+        names = [row["row"] for row in table["rows"]]
+        assert names == [name for name, _ in layers.convolutions(train.UNet(4, 5, 4, False))] + [
+            "layout conversions", "other element-wise", "optimiser", "host between operators (Python, hooks)"]
+        assert sum(row["ms"] for row in table["rows"]) == pytest.approx(table["step_ms"], rel=1e-9)
+        # Nothing counted twice or lost: the rows hold what the profile holds, and fit in the step.
+        assert table["attributed_ms"] == pytest.approx(table["profiled_ms"], rel=1e-6)
+        assert 0 < table["attributed_ms"] <= table["step_ms"]
+        rows = {row["row"]: row for row in table["rows"]}
+        assert all(rows[name]["ms"] > 0 for name in ("down 1", "last", "other element-wise", "optimiser"))
+        assert rows["optimiser"]["main"] != "" and rows["host between operators (Python, hooks)"]["ms"] >= 0
+
+
+def test_backward_work_goes_to_its_layer_by_the_forward_operators_sequence_number(tables, monkeypatch):
+    """Each layer's row holds its backward (autograd runs it under the forward operator's sequence number,
+    outside any layer's range): a plain layer's main work is its convolution's, forward or backward."""
+    rows = {row["row"]: row for row in tables["off"]["rows"]}
+    for name in ("down 2", "up 1", "last"):
+        assert "conv" in rows[name]["main"], rows[name]
+    # With the ranges alone (no sequence numbers) the backward would be left to "other element-wise".
+    monkeypatch.setattr(in_step, "forward_sequences", lambda events: {})
+    blind = profiled("--exact_forms=off")
+    blind_rows = {row["row"]: row for row in blind["rows"]}
+    assert blind_rows["other element-wise"]["main"] == "aten::convolution_backward"
+    assert "aten::convolution_backward" in rows["last"]["kernels"]
+    assert "aten::convolution_backward" not in blind_rows["last"]["kernels"]
+
+
+def test_the_exact_forms_layout_work_is_counted_as_layout_and_shown_beside_its_layer(tables):
+    """The sub-pixel and space-to-depth forms reshuffle voxels and weights: on the CPU those copies are layout
+    conversions the plain layers do not make."""
+    plain = {row["row"]: row for row in tables["off"]["rows"]}
+    forms = {row["row"]: row for row in tables["on"]["rows"]}
+    assert forms["last"]["layout_ms"] > 0 and forms["down 1"]["layout_ms"] > 0
+    assert forms["layout conversions"]["ms"] >= sum(forms[name]["layout_ms"] for name in forms if name.startswith(
+        ("down", "up", "last"))) - 1e-9
+    assert forms["layout conversions"]["ms"] > plain["layout conversions"]["ms"]
+
+
+def test_kernel_names_give_their_architecture():
+    assert in_step.architecture("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc") == "sm90"
+    assert in_step.architecture("sm80_xmma_dgrad_implicit_gemm_indexed_bf16bf16") == "sm80"
+    assert in_step.architecture("void cutlass::Kernel<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16>") == "sm80"
+    assert in_step.architecture("ampere_sgemm_128x64_nn") == "sm80"
+    assert in_step.architecture("void cudnn::ops::nchwToNhwcKernel<__nv_bfloat16>") == ""
+    assert in_step.architecture("convolveNd_dgrad_float_engine") == ""
+
+
+def test_the_table_is_written_with_every_row_and_the_step(tables):
+    text = in_step.markdown(tables["on"], "The step")
+    for row in tables["on"]["rows"]:
+        assert f"| {row['row']} | {row['ms']:.2f} |" in text
+    assert f"| the step | {tables['on']['step_ms']:.2f} | 100.0% |" in text and "architectures" not in text
+
+
+@needs_cuda()
+def test_on_a_gpu_every_kernel_is_attributed_and_the_convolutions_name_their_kernels():
+    table = profiled("--device=cuda", "--amp_mode=bf16", "--channels_last", device="cuda", steps=3)
+    assert table["attributed_ms"] == pytest.approx(table["profiled_ms"], rel=1e-3)
+    rows = {row["row"]: row for row in table["rows"]}
+    assert all(rows[name]["ms"] > 0 and rows[name]["main"] for name in ("down 1", "up 1", "last"))
+    assert rows["device idle (no kernel running)"]["ms"] >= 0
+
+
+def test_the_committed_traces_kernel_kinds_are_those_docs_03_quotes():
+    """docs/03's table of the bf16 + fused + JIT rung's kernels, from its committed H100 trace."""
+    import os
+    import re
+
+    from conftest import ROOT
+    path = "sample_nsys_profiles/gpu_inmem_bf16_fused_jit.pt.trace.json.gz"
+    summary = in_step.trace_summary(os.path.join(ROOT, path))
+    docs = open(os.path.join(ROOT, "docs", "03-profiling-and-optimisation.md")).read()
+    assert f"python -m benchmarks.in_step {path}" in docs
+    rows = re.findall(r"^\| (convolutions|other element-wise|layout conversions|optimiser) \| [\d.]+ \| [\d.]+% \|$",
+                      summary, flags=re.M)
+    assert rows == ["convolutions", "other element-wise", "layout conversions", "optimiser"]
+    for line in summary.splitlines():
+        if line.startswith(("| convolutions |", "| other element-wise |", "| layout conversions |", "| optimiser |")):
+            assert line in docs, line
+    sm80 = re.search(r"^\| sm80 \| ([\d.]+) \| ([\d.]+%) \|$", summary, flags=re.M)
+    conv = re.search(r"^\| convolutions \| ([\d.]+) \|", summary, flags=re.M).group(1)
+    assert f"Of the convolutions' {conv} ms, {sm80.group(1)} ({sm80.group(2)}) run in kernels written for Ampere" in \
+        " ".join(docs.split())
+
+
+def test_kernels_are_sorted_by_their_names():
+    assert in_step.kernel_kind("void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16>") == \
+        "layout conversions"
+    assert in_step.kernel_kind("sm90_xmma_dgrad_implicit_gemm_indexed_bf16bf16_bf16f32_f32_nhwckrsc_nhwc") == \
+        "convolutions"
+    assert in_step.kernel_kind("cudnn_generated_fort_native_sm80_convFwd_knob_21_128x128x32_4_0") == "convolutions"
+    assert in_step.kernel_kind("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>") == "optimiser"
+    assert in_step.kernel_kind("void at::native::vectorized_elementwise_kernel<8, leaky_relu>") == \
+        "other element-wise"
