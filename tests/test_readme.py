@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -807,6 +808,7 @@ class Ran:
     returncode: int
     output: str
     problem: str = ""
+    seconds: float = 0.0
 
 
 @pytest.fixture(scope="module")
@@ -841,11 +843,11 @@ def reading(tmp_path_factory, readme_data):
                 break
         else:
             line = shell_line(command) + (" " + run.append if run.append else "")
-            before = file_times(scratch)
+            before, started = file_times(scratch), time.monotonic()
             result = run_shell(line, scratch, env)
             output = result.stdout + result.stderr
             after = file_times(scratch)
-            ran[command] = Ran(line, result.returncode, output)
+            ran[command] = Ran(line, result.returncode, output, seconds=time.monotonic() - started)
             if result.returncode == 0 and run.check:
                 try:
                     run.check(Made(scratch, output, {p for p, t in after.items() if before.get(p) != t}))
@@ -882,6 +884,8 @@ def test_readme_commands_run_in_order_in_one_fresh_copy(reading):
     assert not left_out, f"commands of RUN the reading did not run: {left_out}"
     failed = [c for c, r in reading.items() if r.returncode != 0]
     assert not failed, f"commands that exited non-zero, in order: {failed}"
+    slowest = sorted(reading.items(), key=lambda item: -item[1].seconds)[:10]
+    print("The reading's slowest commands:", *(f"{r.seconds:6.1f} s  {command_id(c)}" for c, r in slowest), sep="\n")
 
 
 def test_scaling_model_prose_is_that_of_its_report():

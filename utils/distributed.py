@@ -26,6 +26,7 @@ import inspect
 import logging
 import os
 import re
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -34,13 +35,22 @@ from torch.nn.parallel import DistributedDataParallel
 
 from utils.errors import RankError, UserError, exit_now
 
-try:  # public in newer torch; torch 2.4 kept DTensor in a private module
-    from torch.distributed.tensor import DTensor, distribute_tensor
-except ImportError:  # pragma: no cover - depends on the installed torch
-    try:
-        from torch.distributed._tensor import DTensor, distribute_tensor
-    except ImportError:
-        DTensor, distribute_tensor = None, None
+
+def dtensor_module():
+    """The imported module of DTensor, FSDP's shards (torch.distributed.tensor; torch 2.4's private
+    torch.distributed._tensor), or None. Only FSDP makes DTensors, and it imports that module first: where
+    it is not imported, no tensor is one, and a run without FSDP is spared its import (half a second a
+    process)."""
+    for name in ("torch.distributed.tensor", "torch.distributed._tensor"):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "DTensor"):
+            return module
+    return None
+
+
+def is_dtensor(tensor):
+    module = dtensor_module()
+    return module is not None and isinstance(tensor, module.DTensor)
 
 
 @dataclass(frozen=True)
@@ -526,17 +536,17 @@ def shard_model(model, world, device):
 
 def local_tensor(tensor):
     """The part of ``tensor`` that this rank holds: its shard for FSDP, the tensor otherwise."""
-    return tensor.to_local() if DTensor is not None and isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if is_dtensor(tensor) else tensor
 
 
 def full_tensor(tensor):
     """The whole of a possibly sharded tensor; a collective for FSDP shards (every rank must call)."""
-    return tensor.full_tensor() if DTensor is not None and isinstance(tensor, DTensor) else tensor
+    return tensor.full_tensor() if is_dtensor(tensor) else tensor
 
 
 def is_sharded(model):
     """Whether FSDP has replaced the model's parameters with shards (DTensors)."""
-    return DTensor is not None and any(isinstance(p, DTensor) for p in bare_model(model).parameters())
+    return any(is_dtensor(p) for p in bare_model(model).parameters())
 
 
 def bare_model(model):
@@ -601,12 +611,12 @@ def load_full_state_dicts(model, optimizer, model_state, optimizer_state):
 
 def shard_like(full, reference):
     """``full`` distributed over the ranks as ``reference`` (a DTensor) is; unchanged otherwise."""
-    if DTensor is None or not isinstance(reference, DTensor):
+    if not is_dtensor(reference):
         return full
     if full.shape != reference.shape:
         raise RuntimeError(f"size mismatch: checkpoint {tuple(full.shape)}, model {tuple(reference.shape)}")
     local = full.to(device=reference.device, dtype=reference.dtype)
-    return distribute_tensor(local, reference.device_mesh, reference.placements)
+    return dtensor_module().distribute_tensor(local, reference.device_mesh, reference.placements)
 
 
 # ----------------------------------------------------------------------------- measuring and agreeing
