@@ -172,12 +172,12 @@ def time_step(params, device, batch, repeats):
     return time_it(lambda: step(inputs, targets), device, repeats)
 
 
-def in_step_tables(argv, device, steps):
+def in_step_tables(options, device, steps):
     """The step profiled layer by layer (benchmarks/in_step.py), eager, with the layers plain and in their
     exact forms: {"off": table, "on": table}."""
     tables = {}
     for forms in ("off", "on"):
-        params = load_params([*argv, "--jit_mode=none", f"--exact_forms={forms}"])
+        params = load_params([*options, "--jit_mode=none", f"--exact_forms={forms}"])
         model, step, inputs, targets = training_step(params, device, params.global_batch_size)
         tables[forms] = in_step.profile_step(step, inputs, targets, convolutions(model), device, steps)
     return tables
@@ -255,8 +255,8 @@ def main(argv=None):
         print(flop_table(params, params.global_batch_size), end="")
         return
     check_preset(args.preset)
-    argv = [*PRESETS[args.preset]["options"], *options]
-    params = load_params(argv)
+    resolved = [*PRESETS[args.preset]["options"], *options]
+    params = load_params(resolved)
     train.check_crop_size(params)
     device = train.pick_device(params, World())  # cuDNN autotuning and TF32 as the options say
     precision = running_precision(params.amp_mode, params.tf32, device)  # the MFU's peak is this one's
@@ -273,7 +273,7 @@ def main(argv=None):
     flops, model_flops = sum(row["gflop"] for row in rows) * 1e9, unet_flops_per_sample(params) * batch
     if abs(flops - model_flops) > 1e-6 * model_flops:
         raise AssertionError(f"the layers' FLOPs ({flops:.6g}) do not add up to the model's ({model_flops:.6g})")
-    tables = in_step_tables(argv, device, args.in_step_steps) if args.in_step_steps > 0 else {}
+    tables = in_step_tables(resolved, device, args.in_step_steps) if args.in_step_steps > 0 else {}
     peak, _ = resolve_peak_flops(device, precision)
     seconds = sum(row["ms"] for row in rows) / 1e3
     report = {"device": name, **software(), "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,

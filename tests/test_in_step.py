@@ -119,3 +119,32 @@ def test_kernels_are_sorted_by_their_names():
     assert in_step.kernel_kind("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>") == "optimiser"
     assert in_step.kernel_kind("void at::native::vectorized_elementwise_kernel<8, leaky_relu>") == \
         "other element-wise"
+
+
+def test_docs_03_quotes_the_committed_cpu_run_of_the_step_layer_by_layer():
+    """The side-by-side table of docs/03 (plain, in the exact forms) is the committed CPU run's, row for row,
+    and so are the numbers its paragraph gives."""
+    import json
+    import os
+    import re
+
+    from conftest import ROOT
+    name = "cpu-vm-2-cores-2026-11-26-fp32-4"
+    with open(os.path.join(ROOT, "benchmarks", "results", "layers", name + ".json")) as f:
+        report = json.load(f)
+    off, on = report["in_step"]["off"], report["in_step"]["on"]
+    docs = open(os.path.join(ROOT, "docs", "03-profiling-and-optimisation.md")).read()
+    table = docs[docs.index(f"<!-- in-step: {name}.json -->"):].split("\n\n", 1)[0]
+    expected = [f"| {a['row']} | {a['ms']:.2f} | {b['ms']:.2f} | {b['layout_ms']:.2f} |"
+                for a, b in zip(off["rows"], on["rows"])]
+    assert re.findall(r"^\|.*\|$", table, flags=re.M)[2:] == expected + [
+        f"| the step | {off['step_ms']:.2f} | {on['step_ms']:.2f} | |"]
+    assert report["command"] == "python -m benchmarks.layers --preset cpu --committed --in_step_steps 10"
+    assert f"`{report['command']}`" in " ".join(docs.split())
+    text = " ".join(docs.split())
+    rows = {(forms, row["row"]): row["ms"] for forms, table in (("off", off), ("on", on)) for row in table["rows"]}
+    assert (f"The last layer does gain, {rows['off', 'last']:.2f} to {rows['on', 'last']:.2f} ms, and the first, "
+            f"{rows['off', 'down 1']:.2f} to {rows['on', 'down 1']:.2f}") in text
+    assert (f"are layout conversions, {rows['on', 'layout conversions']:.2f} ms a step against "
+            f"{rows['off', 'layout conversions']:.2f}") in text
+    assert f"takes {on['step_ms']:.2f} ms against {off['step_ms']:.2f}" in text
