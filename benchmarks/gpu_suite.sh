@@ -89,7 +89,7 @@ export PYTHONUNBUFFERED=1
 
 # Seconds per stage and per step: priced by benchmarks/suite_plan.py (--plan shows both; a test keeps
 # these equal to its figures).
-declare -A BUDGET=([preflight]=60 [ladder]=430 [ladder-alone]=270 [batch-sweep]=340 [profiles]=240 [tests-gpu]=340 [tests-compile]=170
+declare -A BUDGET=([preflight]=60 [ladder]=430 [ladder-alone]=290 [batch-sweep]=340 [profiles]=240 [tests-gpu]=340 [tests-compile]=170
                    [tests-distributed]=400 [scaling]=110 [dali]=330 [multi-gpu]=210 [nsys-probe]=320 [original]=530)
 STAGES="preflight ladder ladder-alone batch-sweep profiles tests-gpu tests-compile tests-distributed scaling dali multi-gpu nsys-probe original"
 NSYS_LIMIT=120  # seconds for one Nsight Systems route: its start, the run, the report (its importer included)
@@ -263,7 +263,7 @@ stage_batch-sweep() {
 
 stage_ladder-alone() {
     # Each GPU-resident rung alone on bf16 + fused Adam, in a folder of its own (the ladder's files keep their names).
-    step ladder-alone 230 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group alone --data_dir "$DATA_DIR" \
+    step ladder-alone 250 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group alone --data_dir "$DATA_DIR" \
         --out_dir "$RESULTS/ladder-alone" --overwrite "${LADDER_SIZES[@]}"
 }
 

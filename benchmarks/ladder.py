@@ -100,11 +100,14 @@ ALONE_RUNGS = [
     Rung("CUDA graph", BF16_FUSED, "train_graph.py", step=16, table="alone"),
     Rung("batch 8", [*BF16_FUSED, "--global_batch_size=8"], step=17, table="alone"),
     Rung("batch 8 + CUDA graph", [*BF16_FUSED, "--global_batch_size=8"], "train_graph.py", step=18, table="alone"),
+    # The GPU-resident loader's gather on a side stream (utils/prefetch.py): FULL against this table's
+    # SYNTHETIC says whether it pays.
+    Rung("gather on a side stream", [*BF16_FUSED, "--side_stream_gather"], step=19, table="alone"),
 ]
 GPU_RUNGS = LADDER_RUNGS + ALONE_RUNGS
 DALI_RUNGS = [
     Rung("DALI", ["--data_loader_config=dali-lowmem", "--num_data_workers=8", "--amp_mode=bf16", "--enable_fused"],
-         step=19, table="alone"),
+         step=20, table="alone"),
 ]
 # A host loader's trial (--host_nbatches) covers at least twice the batches its 8 workers x 2 prefetched hold in flight,
 # and the first reads of the data set's file: with 5-batch trials (the H100 run of 2026-11-25) the

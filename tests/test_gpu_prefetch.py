@@ -62,6 +62,35 @@ def test_prefetched_batches_are_the_host_loaders(data_files, memory_format):
 
 
 @needs_cuda()
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last_3d])
+def test_the_gpu_resident_loaders_side_stream_gather_gives_its_batches_without_a_host_wait(data_files, memory_format):
+    """--side_stream_gather: the crops of batch k+1 are cut on the side stream; the batches are those of the
+    loader iterated on the compute stream, and no batch makes the host wait."""
+    params = YParams("config/UNet.yaml", "test")
+    params.update({"train_path": data_files["train"], "val_path": data_files["valid"],
+                   "data_loader_config": "gpu-inmem", "side_stream_gather": True,
+                   "channels_last": memory_format == torch.channels_last_3d})
+    device = cuda()
+    train_loader, _ = get_data_loader_distributed(params, 0, device)
+    move = functools.partial(train.to_device, device=device, memory_format=memory_format)
+    prefetcher = device_prefetcher(train_loader, params, device, move)
+    assert isinstance(prefetcher, DevicePrefetcher)
+    train_loader.sampler.set_epoch(1)
+    expected = [tuple(move(t).clone() for t in batch) for batch in train_loader]
+    prefetcher.sampler.set_epoch(1)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        actual = [tuple(t.clone() for t in batch) for batch in prefetcher]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(actual) == len(expected) == len(train_loader) > 1
+    for got, want in zip(actual, expected):
+        for a, b in zip(got, want):
+            assert a.is_contiguous(memory_format=memory_format) and torch.equal(a, b)
+
+
+@needs_cuda()
 def test_the_hand_over_never_makes_the_host_wait():
     device = cuda()
     batches = ListLoader(pinned_batches(4, 16))

@@ -23,6 +23,12 @@ class QueuedStream:
     def wait_event(self, event):
         self.waited.append(event)
 
+    def wait_stream(self, stream):
+        """Work queued from now on starts after all of ``stream``'s work so far."""
+        everything = QueuedEvent()
+        everything.record(stream)
+        self.wait_event(everything)
+
     def has_waited_for(self, stream, position):
         """Whether work queued from now on starts after ``stream``'s work up to ``position``."""
         return any(event.stream is stream and event.position > position for event in self.waited)
@@ -223,3 +229,40 @@ def test_prefetch_is_on_by_default_and_can_be_turned_off_from_the_command_line()
     from utils.YParams import load_params
     assert load_params(["--config=base"]).device_prefetch is True
     assert load_params(["--config=base", "--device_prefetch=false"]).device_prefetch is False
+
+
+@pytest.mark.parametrize("kind, device, gather, wrapped", [
+    ("gpu-inmem", "cuda", True, True), ("gpu-inmem", "cuda", False, False), ("gpu-inmem", "cpu", True, False),
+    ("dali-lowmem", "cuda", True, False)])
+def test_the_gpu_resident_loader_gathers_on_a_side_stream_only_when_asked(kind, device, gather, wrapped):
+    params = YParams("config/UNet.yaml", "test")
+    params.update({"data_loader_config": kind, "side_stream_gather": gather})
+    loader = object()
+    result = device_prefetcher(loader, params, torch.device(device), move=None, streams=StreamsStandIn())
+    assert isinstance(result, DevicePrefetcher) if wrapped else result is loader
+    from utils.YParams import load_params
+    assert load_params(["--config=base"]).side_stream_gather is False  # measured on a GPU first (the ladder)
+
+
+def test_the_gather_of_batch_k_plus_1_runs_on_the_side_stream_after_the_compute_streams_work(data_files):
+    """--side_stream_gather: the GPU-resident loader (here on CPU tensors) is iterated under the copy
+    stream, which first waits for the compute stream (the volumes, the draws); the batches are the
+    same, in the same order, and handed over as the host loaders' are."""
+    params = make_params(data_files, "gpu-inmem", side_stream_gather=True)
+    expected = [tuple(batch) for batch in host_loaders(params)[0]]
+    train_loader, _ = host_loaders(params)
+    streams = StreamsStandIn()
+    gathered_on = []
+    augment = train_loader.augment
+
+    def recording(*args):
+        gathered_on.append(streams.current)
+        return augment(*args)
+
+    train_loader.augment = recording
+    streams.compute.work.append("the volumes' upload")
+    batches = prefetched(train_loader, streams)
+    assert_same_batches(check_safe_hand_over(batches, streams), expected)
+    [side] = streams.made
+    assert gathered_on == [side] * len(expected)
+    assert side.has_waited_for(streams.compute, 0), "the side stream did not wait for the compute stream's work"

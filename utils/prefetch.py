@@ -25,11 +25,18 @@ The layout conversion (``channels_last``) happens on the copy stream too, inside
 that train.py uses without a prefetcher: it is a device-side transpose that would otherwise sit on
 the compute stream before the forward; on the copy stream it overlaps with the previous step.
 
+The loader itself is iterated under the copy stream too. For a host loader that changes nothing (its
+work is on the host). For the GPU-resident loader (``gpu-inmem``), whose batch is a gather on the
+device, ``--side_stream_gather`` wraps it the same way: batch k+1's crops are cut on the side stream
+while step k computes, where without it the gather runs on the compute stream between two steps.
+At the start of each pass the side stream waits for the compute stream's work so far (the uploaded
+volumes, the epoch's draws).
+
 Everything downstream sees ordinary device tensors: AMP casts inside the step, the domain mesh's
 loaders already yield this rank's blocks, DDP and FSDP see the same batches, and train_graph.py
-copies them into its static input tensors after the wait. On the CPU, and for the loaders that
-produce their batches on the device already (``gpu-inmem``, ``dali-lowmem``), there is nothing to
-overlap and :func:`device_prefetcher` returns the loader unchanged.
+copies them into its static input tensors after the wait. On the CPU, and for ``dali-lowmem``
+(whose pipeline has its own streams), there is nothing to overlap and :func:`device_prefetcher`
+returns the loader unchanged, as for ``gpu-inmem`` without ``--side_stream_gather``.
 """
 import torch
 
@@ -37,9 +44,12 @@ from utils import NATIVE_LOADERS
 
 
 def device_prefetcher(loader, params, device, move, streams=torch.cuda):
-    """``loader`` with its batches copied ahead by a :class:`DevicePrefetcher`, or ``loader`` itself
-    where there is nothing to overlap: a CPU run, a device loader, or ``--device_prefetch=false``."""
-    if not (params.device_prefetch and device.type == "cuda" and params.data_loader_config in NATIVE_LOADERS):
+    """``loader`` with its batches made ahead by a :class:`DevicePrefetcher` on a side stream: a host loader's
+    copied (``--device_prefetch``), the GPU-resident loader's gathered (``--side_stream_gather``); or
+    ``loader`` itself where there is nothing to overlap (a CPU run, DALI, either switch off)."""
+    host = params.device_prefetch and params.data_loader_config in NATIVE_LOADERS
+    gather = params.side_stream_gather and params.data_loader_config == "gpu-inmem"
+    if device.type != "cuda" or not (host or gather):
         return loader
     return DevicePrefetcher(loader, move, device, streams)
 
@@ -67,14 +77,26 @@ class DevicePrefetcher:
         return getattr(self.loader, name)
 
     def __iter__(self):
-        ahead = None
-        for batch in self.loader:
+        ahead, batches = None, self.batches()
+        for batch in batches:
             copying = self.start_copy(batch)  # batch k+1 goes on its way ...
             if ahead is not None:
                 yield self.hand_over(*ahead)  # ... while step k runs
             ahead = copying
         if ahead is not None:
             yield self.hand_over(*ahead)
+
+    def batches(self):
+        """The loader's batches, each made under the copy stream (a device loader's gather runs there),
+        which first waits for what the compute stream has queued so far."""
+        self.copy_stream.wait_stream(self.streams.current_stream(self.device))
+        iterator = iter(self.loader)
+        while True:
+            with self.streams.stream(self.copy_stream):
+                batch = next(iterator, None)
+            if batch is None:
+                return
+            yield batch
 
     def start_copy(self, batch):
         """Queue the copy of ``batch`` on the copy stream; return the device tensors and the event
