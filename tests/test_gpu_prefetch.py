@@ -39,17 +39,24 @@ class ListLoader(list):
     """A list of batches with the length the prefetcher reports."""
 
 
-@needs_cuda()
-@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last_3d])
-def test_prefetched_batches_are_the_host_loaders(data_files, memory_format):
+def loader_and_prefetcher(data_files, memory_format, **options):
+    """(the training loader on the GPU, train.py's move in ``memory_format``, the prefetcher over the loader)."""
     params = YParams("config/UNet.yaml", "test")
-    params.update({"train_path": data_files["train"], "val_path": data_files["valid"], "data_loader_config": "lowmem",
-                   "num_data_workers": 2, "device_prefetch": True})
+    params.update({"train_path": data_files["train"], "val_path": data_files["valid"], **options})
     device = cuda()
     train_loader, _ = get_data_loader_distributed(params, 0, device)
     move = functools.partial(train.to_device, device=device, memory_format=memory_format)
     prefetcher = device_prefetcher(train_loader, params, device, move)
     assert isinstance(prefetcher, DevicePrefetcher)
+    return train_loader, move, prefetcher
+
+
+@needs_cuda()
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last_3d])
+def test_prefetched_batches_are_the_host_loaders(data_files, memory_format):
+    train_loader, move, prefetcher = loader_and_prefetcher(data_files, memory_format, data_loader_config="lowmem",
+                                                           num_data_workers=2, device_prefetch=True)
+    device = cuda()
     train_loader.sampler.set_epoch(1)
     expected = [tuple(move(t) for t in batch) for batch in train_loader]
     prefetcher.sampler.set_epoch(1)
@@ -66,15 +73,9 @@ def test_prefetched_batches_are_the_host_loaders(data_files, memory_format):
 def test_the_gpu_resident_loaders_side_stream_gather_gives_its_batches_without_a_host_wait(data_files, memory_format):
     """--side_stream_gather: the crops of batch k+1 are cut on the side stream; the batches are those of the
     loader iterated on the compute stream, and no batch makes the host wait."""
-    params = YParams("config/UNet.yaml", "test")
-    params.update({"train_path": data_files["train"], "val_path": data_files["valid"],
-                   "data_loader_config": "gpu-inmem", "side_stream_gather": True,
-                   "channels_last": memory_format == torch.channels_last_3d})
-    device = cuda()
-    train_loader, _ = get_data_loader_distributed(params, 0, device)
-    move = functools.partial(train.to_device, device=device, memory_format=memory_format)
-    prefetcher = device_prefetcher(train_loader, params, device, move)
-    assert isinstance(prefetcher, DevicePrefetcher)
+    train_loader, move, prefetcher = loader_and_prefetcher(
+        data_files, memory_format, data_loader_config="gpu-inmem", side_stream_gather=True,
+        channels_last=memory_format == torch.channels_last_3d)
     train_loader.sampler.set_epoch(1)
     expected = [tuple(move(t).clone() for t in batch) for batch in train_loader]
     prefetcher.sampler.set_epoch(1)

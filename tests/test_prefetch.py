@@ -213,13 +213,18 @@ def test_the_hand_over_check_fails_on_a_wrong_prefetcher(data_files, broken, fra
         check_safe_hand_over(loader, streams)
 
 
-@pytest.mark.parametrize("kind, device, prefetch, wrapped", [
-    ("lowmem", "cuda", True, True), ("inmem", "cuda", True, True), ("synthetic", "cuda", True, True),
-    ("lowmem", "cuda", False, False), ("lowmem", "cpu", True, False),
-    ("gpu-inmem", "cuda", True, False), ("dali-lowmem", "cuda", True, False)])
-def test_prefetch_only_where_a_host_loader_feeds_a_gpu(kind, device, prefetch, wrapped):
+@pytest.mark.parametrize("kind, device, prefetch, gather, wrapped", [
+    ("lowmem", "cuda", True, False, True), ("inmem", "cuda", True, False, True),
+    ("synthetic", "cuda", True, False, True), ("lowmem", "cuda", False, False, False),
+    ("lowmem", "cpu", True, False, False), ("gpu-inmem", "cuda", True, False, False),
+    ("dali-lowmem", "cuda", True, True, False),
+    # --side_stream_gather: the GPU-resident loader's gather on the side stream, on a GPU only
+    ("gpu-inmem", "cuda", False, True, True), ("gpu-inmem", "cpu", True, True, False),
+    ("lowmem", "cuda", False, True, False)])
+def test_prefetch_only_where_a_host_loader_feeds_a_gpu_or_the_gather_is_asked_to_overlap(kind, device, prefetch,
+                                                                                         gather, wrapped):
     params = YParams("config/UNet.yaml", "test")
-    params.update({"data_loader_config": kind, "device_prefetch": prefetch})
+    params.update({"data_loader_config": kind, "device_prefetch": prefetch, "side_stream_gather": gather})
     loader = object()
     result = device_prefetcher(loader, params, torch.device(device), move=None, streams=StreamsStandIn())
     assert isinstance(result, DevicePrefetcher) if wrapped else result is loader
@@ -229,19 +234,7 @@ def test_prefetch_is_on_by_default_and_can_be_turned_off_from_the_command_line()
     from utils.YParams import load_params
     assert load_params(["--config=base"]).device_prefetch is True
     assert load_params(["--config=base", "--device_prefetch=false"]).device_prefetch is False
-
-
-@pytest.mark.parametrize("kind, device, gather, wrapped", [
-    ("gpu-inmem", "cuda", True, True), ("gpu-inmem", "cuda", False, False), ("gpu-inmem", "cpu", True, False),
-    ("dali-lowmem", "cuda", True, False)])
-def test_the_gpu_resident_loader_gathers_on_a_side_stream_only_when_asked(kind, device, gather, wrapped):
-    params = YParams("config/UNet.yaml", "test")
-    params.update({"data_loader_config": kind, "side_stream_gather": gather})
-    loader = object()
-    result = device_prefetcher(loader, params, torch.device(device), move=None, streams=StreamsStandIn())
-    assert isinstance(result, DevicePrefetcher) if wrapped else result is loader
-    from utils.YParams import load_params
-    assert load_params(["--config=base"]).side_stream_gather is False  # measured on a GPU first (the ladder)
+    assert load_params(["--config=base"]).side_stream_gather is False  # to be measured on a GPU first (the ladder)
 
 
 def test_the_gather_of_batch_k_plus_1_runs_on_the_side_stream_after_the_compute_streams_work(data_files):
