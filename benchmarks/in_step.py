@@ -198,11 +198,10 @@ def profile_step(step, inputs, targets, layers, device, steps=3, warmup=2):
         table["rows"].append({"row": name, "ms": row["us"] / steps / 1e3, "share": row["us"] / step_us,
                               "layout_ms": row["layout_us"] / steps / 1e3, "main": top,
                               "kernels": {kernel: us / steps / 1e3 for kernel, us in kernels},
-                              "architecture": architecture(top) if cuda else "",
                               "architectures": sorted({architecture(k) for k in row["kernels"]} - {""})})
     idle = "device idle (no kernel running)" if cuda else "host between operators (Python, hooks)"
     table["rows"].append({"row": idle, "ms": (step_us - worked) / steps / 1e3, "share": (step_us - worked) / step_us,
-                          "layout_ms": 0.0, "main": "", "kernels": {}, "architecture": "", "architectures": []})
+                          "layout_ms": 0.0, "main": "", "kernels": {}, "architectures": []})
     # The profile's own total, summed another way (every kernel; every operator's own time, by key), to
     # check that the rows lose nothing and count nothing twice.
     profiled = device_kernel_us(events) if cuda else sum(

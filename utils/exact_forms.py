@@ -72,27 +72,21 @@ def convolution_backward(grad_output, x, weight, stride, padding, transposed, ou
 class PlainConv:
     """The layer's own Conv3d (kernel 4, stride 2): the form a layer has when no other is chosen."""
     name = "plain"
+    transposed = False
 
-    @staticmethod
-    def forward(x, weight, bias, padding):
-        return F.conv3d(x, weight, bias, stride=2, padding=padding)
+    @classmethod
+    def forward(cls, x, weight, bias, padding):
+        convolution = F.conv_transpose3d if cls.transposed else F.conv3d
+        return convolution(x, weight, bias, stride=2, padding=padding)
 
-    @staticmethod
-    def backward(grad_output, x, weight, padding, output_mask):
-        return convolution_backward(grad_output, x, weight, 2, padding, False, output_mask)
+    @classmethod
+    def backward(cls, grad_output, x, weight, padding, output_mask):
+        return convolution_backward(grad_output, x, weight, 2, padding, cls.transposed, output_mask)
 
 
-class PlainTransposedConv:
+class PlainTransposedConv(PlainConv):
     """The layer's own ConvTranspose3d (kernel 4, stride 2)."""
-    name = "plain"
-
-    @staticmethod
-    def forward(x, weight, bias, padding):
-        return F.conv_transpose3d(x, weight, bias, stride=2, padding=padding)
-
-    @staticmethod
-    def backward(grad_output, x, weight, padding, output_mask):
-        return convolution_backward(grad_output, x, weight, 2, padding, True, output_mask)
+    transposed = True
 
 
 class SpaceToDepthConv:
