@@ -376,8 +376,13 @@ nsys_route() {
     # under NSYS, as submit_pm.sh's ENABLE_PROFILING does and with the sampling and CPU context switches
     # off; its log says which nsys, its version, the command, and what it wrote (a report, or a .qdstrm
     # capture to import with QdstrmImporter of the same version elsewhere).
-    local name=$1 nsys=$2 dir="$RESULTS/nsys-probe" start=$SECONDS status
-    local command=("$nsys" profile --trace=cuda,nvtx --sample=none --cpuctxsw=none -c cudaProfilerApi --kill none
+    local name=$1 nsys=$2 dir="$RESULTS/nsys-probe" start=$SECONDS status scope environment
+    # A report keeps the environment of each process nsys sees: the run's own processes alone (a PID
+    # namespace, where the machine allows one) in the environment it needs (benchmarks/nsight.py).
+    mapfile -t scope < <("$PYTHON" -c 'from benchmarks.nsight import own_processes; print(*own_processes(), sep="\n")')
+    mapfile -t environment < <("$PYTHON" -c 'from benchmarks.nsight import profile_environment
+print(*(f"{key}={value}" for key, value in profile_environment().items()), sep="\n")')
+    local profile=("$nsys" profile --trace=cuda,nvtx --sample=none --cpuctxsw=none -c cudaProfilerApi --kill none
                    -f true -o "$dir/$name" "$PYTHON" train.py --config=test --device=cuda
                    --train_path="$DATA_DIR/synthetic_train.h5" --val_path="$DATA_DIR/synthetic_valid.h5"
                    --expdir="$dir/runs" --run_num="$name" --enable_manual_profiling --profile_start_epoch=2
@@ -385,8 +390,10 @@ nsys_route() {
     {
         echo "# nsys route $name: $nsys"
         timeout 20 "$nsys" --version 2>&1
-        echo "\$ ${command[*]}"
-        timeout -s INT -k 10 "$NSYS_LIMIT" "${command[@]}" 2>&1
+        echo "# scope: ${scope[*]:-every process of the machine (no PID namespace here)}; environment:" \
+             "${environment[*]%%=*}"
+        echo "\$ ${profile[*]}"
+        timeout -s INT -k 10 "$NSYS_LIMIT" env -i "${environment[@]}" "${scope[@]}" "${profile[@]}" 2>&1
         status=$?
         echo "# exit status $status after $((SECONDS - start)) s (limit $NSYS_LIMIT s); wrote:"
         ls -la "$dir/$name".* 2>&1 | grep -v '\.log$'
@@ -419,7 +426,7 @@ stage_nsys-probe() {
     # nsys (on PATH, or inside Nsight Compute's or CUDA's folders), given NSYS_LIMIT s; a target-only copy
     # writes a .qdstrm, kept for (3): QdstrmImporter of the same version, on another machine; (2) Debian's
     # nsight-systems-target 2022.4 CLI, carried as its .deb in .carry/nsys/ (contrib non-free in the Debian
-    # source, apt-get update, apt-get download nsight-systems-target) and unpacked here.
+    # source, apt-get update, apt-get download nsight-systems-target: python -m benchmarks.nsight fetch) and unpacked here.
     local status=0 nsys deb gpus
     mkdir -p "$RESULTS/nsys-probe"
     gpus=$(cuda_gpus)
@@ -428,7 +435,7 @@ stage_nsys-probe() {
     fi
     export -f nsys_route note  # run by step (under timeout), in a shell of their own
     export RESULTS PYTHON DATA_DIR NSYS_LIMIT
-    nsys=$("$PYTHON" -c 'from benchmarks.profiles import find_nsys; print(find_nsys() or "")')
+    nsys=$("$PYTHON" -c 'from benchmarks.nsight import find_nsys; print(find_nsys() or "")')
     if [ -z "$nsys" ]; then
         note "step nsys-machine not run: no nsys here (PATH, /opt/nvidia, /usr/local/cuda)" |
             tee "$RESULTS/nsys-probe/machine.log"

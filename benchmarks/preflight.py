@@ -131,7 +131,8 @@ def conv3d_findings(device):
 def run_checks(nsys_timeout=45, work_dir=None, done=lambda facts, key: None):
     """Every check this machine can run, as a dict; ``skipped`` names the rest, with the reason.
     ``done(facts, key)`` is called as each check finishes (the preflight writes and prints it then)."""
-    from benchmarks.profiles import find_nsys, probe_nsys
+    from benchmarks.nsight import find_nsys
+    from benchmarks.profiles import probe_nsys
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")

@@ -13,10 +13,11 @@ for each file which command made it, on which device and when, and summarise it:
 per step of each annotated phase (step, data copy in, forward, backward, optimizer) and, on a
 GPU, the kernels that took the most device time and how busy the device was.
 
-With ``--nsys`` each rung is also run under Nsight Systems (`nsys profile -c cudaProfilerApi`
-around `--enable_manual_profiling`, the tutorial's own recipe) when an ``nsys`` can be found; a
-``.nsys-rep`` that it makes is kept, and when none can be made, profiles.json says why. Nothing
-is renamed or made up: every file here comes out of the run it is listed with.
+With ``--nsys`` each rung is also run under Nsight Systems when an ``nsys`` can be found (on a GPU
+`nsys profile -c cudaProfilerApi` around `--enable_manual_profiling`, the tutorial's own recipe; on
+a CPU the whole run and its OS calls: see NSYS_OPTIONS); a ``.nsys-rep`` that it makes is kept, with
+what ``nsys stats`` reads in it (benchmarks/nsight.py), and when none can be made, profiles.json says
+why. Nothing is renamed or made up: every file here comes out of the run it is listed with.
 
 Without ``--out_dir``, the profiles go to the preset's folder, or, when it holds files (the
 committed ones), to a dated folder beside it (``example_logs/cpu_profiles-<device>-<date>``, then
@@ -32,16 +33,18 @@ import os
 import shlex
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 
 import torch
 
+from benchmarks import nsight
 from benchmarks.common import (NOT_IN_TREE, ROOT, add_output_options, argument_parser, check_preset, claim_folder,
                                committed_json, dali_importable, device_name, device_slug, free_name, holds_files,
                                make_data, outcome, relative_args, results_folder, run)
 from utils import noise
-from utils.errors import exit_on_user_error
+from utils.errors import UserError, exit_on_user_error
 from utils.profiling import range_name
 
 PHASES = ("step", "data copy in", "forward", "backward", "optimizer")
@@ -157,32 +160,30 @@ def rung_command(script, common, options, expdir, run_num, steps, extra=()):
             "--preview_image=false", "--checkpoint=false", *extra]
 
 
-def find_nsys():
-    """An nsys executable: on PATH, or one shipped inside an Nsight Compute or CUDA installation."""
-    found = shutil.which("nsys")
-    if found:
-        return found
-    for pattern in ("/opt/nvidia/nsight-systems*/*/bin/nsys", "/opt/nvidia/nsight-compute/*/host/*/nsys",
-                    "/usr/local/cuda*/bin/nsys", "/usr/local/cuda*/nsight-systems*/bin/nsys"):
-        candidates = sorted(glob.glob(pattern))
-        if candidates:
-            return candidates[-1]
-    return None
+# How each rung runs under Nsight Systems. On a GPU: the CUDA API, cuDNN and NVTX, recorded inside the
+# window that train.py opens with cudaProfilerStart (--enable_manual_profiling), sampling and CPU context
+# switches off (they make the report large and the run slow). On a CPU there is no such window, and no
+# NVTX (a CPU build of PyTorch has none): the whole run, and its calls into the OS (the loader's reads,
+# the waits for batches).
+NSYS_OPTIONS = {True: ["--trace=cuda,cudnn,nvtx", "--sample=none", "--cpuctxsw=none", "-c", "cudaProfilerApi",
+                       "--kill", "none"],
+                False: ["--trace=osrt", "--sample=none", "--cpuctxsw=none"]}
 
 
-def try_nsys(nsys, command, out_base, log_path, timeout):
+def try_nsys(nsys, command, out_base, log_path, timeout, cuda=True):
     """Profile ``command`` under Nsight Systems; returns ``{file}`` or ``{error}``, honestly. All of it,
-    the importer of a .qdstrm capture included, ends within ``timeout`` seconds."""
-    wrapped = [nsys, "profile", "--trace=cuda,cudnn,nvtx", "-c", "cudaProfilerApi", "--kill", "none", "-f", "true",
-               "-o", out_base, sys.executable, *command]
+    the importer of a .qdstrm capture included, ends within ``timeout`` seconds. The command runs in
+    nsight.profile_environment(): the report keeps the environment it ran in."""
+    scope = nsight.own_processes()
+    wrapped = [*scope, nsys, "profile", *NSYS_OPTIONS[cuda], "-f", "true", "-o", out_base, sys.executable, *command]
     deadline = time.monotonic() + timeout
-    code = run(wrapped, log_path, timeout)
+    code = run(wrapped, log_path, timeout, env=nsight.profile_environment())
+    seen = "its own processes" if scope else "every process of the machine (no PID namespace of its own here)"
     if os.path.exists(out_base + ".nsys-rep"):
-        return {"file": os.path.basename(out_base + ".nsys-rep"), "nsys": nsys}
+        return {"file": os.path.basename(out_base + ".nsys-rep"), "processes": seen}
     qdstrm = out_base + ".qdstrm"
     if os.path.exists(qdstrm):
-        importers = glob.glob(os.path.join(os.path.dirname(nsys), "QdstrmImporter*")) + \
-            glob.glob(os.path.join(os.path.dirname(nsys), "..", "*", "QdstrmImporter*"))
+        importers = nsight.importers(nsys)
         for importer in importers:
             if deadline - time.monotonic() < 1:
                 code = f"timed out after {timeout} s"
@@ -190,18 +191,31 @@ def try_nsys(nsys, command, out_base, log_path, timeout):
             code = run([importer, "-i", qdstrm], log_path, max(1, int(deadline - time.monotonic())), mode="a")
             if os.path.exists(out_base + ".nsys-rep"):
                 os.remove(qdstrm)
-                return {"file": os.path.basename(out_base + ".nsys-rep"), "nsys": nsys, "importer": importer}
-        os.remove(qdstrm)  # raw capture data, not a report: not kept
+                return {"file": os.path.basename(out_base + ".nsys-rep"), "processes": seen,
+                        "importer": os.path.basename(importer)}
+        # Kept: the importer of the same version makes the report of it on another machine.
         return {"error": f"{nsys} wrote a .qdstrm capture but no .nsys-rep report "
                          f"({'no QdstrmImporter found' if not importers else 'QdstrmImporter failed'}); "
-                         f"{outcome(code)}, see {os.path.basename(log_path)}"}
+                         f"{outcome(code)}, see {os.path.basename(log_path)}; the capture is kept: "
+                         f"python -m benchmarks.nsight import {os.path.basename(qdstrm)}",
+                "capture": os.path.basename(qdstrm)}
     return {"error": f"{nsys} made no report ({outcome(code)}), see {os.path.basename(log_path)}"}
+
+
+def read_report(nsys, entry, out_dir):
+    """What ``nsys stats`` reads in the rung's report (its kernels, NVTX ranges, OS calls), into the entry."""
+    try:
+        entry["nsys"]["tables"] = nsight.summary(nsys, os.path.join(out_dir, entry["nsys"]["file"]))
+    except (UserError, subprocess.TimeoutExpired) as error:
+        entry["nsys"]["tables_error"] = str(error)
 
 
 NSYS_PROBE = ("import torch; torch.cuda.profiler.start(); x = torch.ones(1 << 20, device='cuda'); "
               "torch.cuda.synchronize(); torch.cuda.profiler.stop()")
 
 
+NO_NSYS = ("no nsys found (PATH, /opt/nvidia, /usr/local/cuda, or the Debian one that "
+           "`python -m benchmarks.nsight install` unpacks)")
 NSYS_PROBE_LIMIT = 45  # seconds for the probe, its importer included: a .qdstrm without a report must not cost more
 
 
@@ -209,9 +223,9 @@ def probe_nsys(work_dir, timeout):
     """``(nsys, None)`` when an nsys here can make a report of a ten-second CUDA program, else
     ``(None, why)``: on some machines nsys writes a .qdstrm capture and never a report, and trying
     it on every rung would spend half the stage making nothing."""
-    nsys = find_nsys()
+    nsys = nsight.find_nsys()
     if nsys is None:
-        return None, "no nsys found (PATH, /opt/nvidia, /usr/local/cuda)"
+        return None, NO_NSYS
     os.makedirs(work_dir, exist_ok=True)
     result = try_nsys(nsys, ["-c", NSYS_PROBE], os.path.join(work_dir, "nsys_probe"),
                       os.path.join(work_dir, "nsys_probe.log"), timeout)
@@ -255,10 +269,13 @@ def profile_rung(rung, preset, args, common, work_dir, device, nsys=None, nsys_e
         else:
             manual = rung_command(script, common + sizes, options, os.path.join(work_dir, "runs"), slug + "_nsys",
                                   steps, extra=["--enable_manual_profiling"])
+            cuda = "--device=cuda" in preset["options"]
             entry["nsys"] = try_nsys(nsys, manual, os.path.join(args.out_dir, slug),
-                                     os.path.join(args.out_dir, f"{slug}_nsys.log"), args.timeout)
-            entry["nsys"]["command"] = (f"nsys profile --trace=cuda,cudnn,nvtx -c cudaProfilerApi --kill none -f true -o "
-                                        f"{slug} python " + shlex.join(relative_args(manual)))
+                                     os.path.join(args.out_dir, f"{slug}_nsys.log"), args.timeout, cuda)
+            entry["nsys"]["command"] = (f"nsys profile {' '.join(NSYS_OPTIONS[cuda])} -f true -o {slug} python "
+                                        + shlex.join(relative_args(manual)))
+            if "file" in entry["nsys"]:
+                read_report(nsys, entry, args.out_dir)
     return entry
 
 
@@ -321,7 +338,9 @@ def write_readme(out_dir, entries, title, command, date):
         lines.append(f"- `{entry['rung']}`: `{entry['command']}`")
         nsys = entry.get("nsys")
         if nsys:
-            lines.append(f"  - Nsight Systems: {'`' + nsys['file'] + '`' if 'file' in nsys else 'no report: ' + nsys['error']}")
+            made = (f"`{nsys['file']}` (it lists {nsys['processes']}), made by `{nsys['command']}`"
+                    if "file" in nsys else "no report: " + nsys["error"])
+            lines.append(f"  - Nsight Systems: {made}")
     kernel_entries = [entry for entry in entries if entry.get("top_kernels")]
     for entry in kernel_entries:
         lines += ["", f"Kernels with the most device time in `{entry['file']}` "
@@ -330,6 +349,13 @@ def write_readme(out_dir, entries, title, command, date):
         for kernel in entry["top_kernels"]:
             lines.append(f"| `{kernel['name'][:100]}` | {kernel['share']:.1%} | {kernel['calls']} "
                          f"| {kernel['ms_per_step']:.2f} |")
+    for entry in entries:
+        report = entry.get("nsys", {})
+        if "tables" in report:
+            lines += ["", f"What `nsys stats` reads in `{report['file']}` (`python -m benchmarks.nsight summary "
+                      f"{report['file']}`):", "", nsight.summary_text(report["tables"])]
+        elif "tables_error" in report:
+            lines += ["", f"`{report['file']}` could not be read back: {report['tables_error']}"]
     with open(os.path.join(out_dir, "README.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -364,7 +390,12 @@ def main(argv=None):
 
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     command = "python -m benchmarks.profiles " + shlex.join(sys.argv[1:] if argv is None else argv)
-    nsys, nsys_error = probe_nsys(args.work_dir, min(args.timeout, NSYS_PROBE_LIMIT)) if args.nsys else (None, None)
+    nsys, nsys_error = None, None
+    if args.nsys and args.preset == "gpu":
+        nsys, nsys_error = probe_nsys(args.work_dir, min(args.timeout, NSYS_PROBE_LIMIT))
+    elif args.nsys:  # the probe is a CUDA program; on a CPU each rung's run is the test
+        nsys = nsight.find_nsys()
+        nsys_error = None if nsys else NO_NSYS
     if args.nsys:
         print(f"nsys: {nsys}" if nsys else f"nsys: not used ({nsys_error})", flush=True)
     entries = []

@@ -492,9 +492,10 @@ def main(argv=None):
              if dali else "") + ".")
     if any("nsys-probe" in command["stages"] for command in commands):
         print(f"Before the nsys-probe session, Debian's Nsight Systems 2022.4 CLI in {NSYS_CARRY}/ (34 MB; not "
-              "tracked): add contrib non-free to the Components of the Debian source, apt-get update, then "
-              f"(cd {NSYS_CARRY} && apt-get download nsight-systems-target); without it that route says so and the "
-              "stage goes on.")
+              f"tracked): python -m benchmarks.nsight fetch --dir {NSYS_CARRY} nsight-systems-target (from Debian's "
+              "contrib non-free, with an apt configuration of its own); without it that route says so and the "
+              "stage goes on. A .qdstrm capture a route brings back becomes a report here: python -m "
+              "benchmarks.nsight install, then python -m benchmarks.nsight import <capture>.qdstrm.")
     if any("original" in command["stages"] for command in commands):
         print(f"Before the original session, a copy of the original tutorial's checkout in {ORIGINAL_CARRY}/ (not "
               f"tracked; about 200 KB): cp -r ../shared/sc22/original {ORIGINAL_CARRY}, or a clone of "

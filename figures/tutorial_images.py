@@ -22,6 +22,8 @@
 - ``profile_<folder>_<rung>.png`` (``<folder>``: :func:`profile_tag`): a timeline of two steps of each committed torch profiler trace,
   listed in ``profiles.json`` of ``sample_nsys_profiles/`` and ``example_logs/cpu_profiles/``
   (written by ``python -m benchmarks.profiles``).
+- ``nsys_<folder>_<rung>.png``: a timeline of each committed Nsight Systems report listed there, drawn
+  from its SQLite export (``nsys export``; not remade where no nsys is found).
 
 Each figure's caption in README.md names the run (command, device, date) that produced the logs.
 """
@@ -176,7 +178,6 @@ def launched_kernels(events, start, end):
 def profile_timeline(trace, title, path, steps=2):
     """The first ``steps`` annotated steps of a torch profiler trace: the host's phases, and on a
     GPU the kernels as the device ran them (same clock), so gaps where the device waits show."""
-    plt = pyplot()
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     annotations = [e for e in events if e.get("cat") == "user_annotation"]
     step_events = sorted((e for e in annotations if e["name"].startswith("step ")), key=lambda e: e["ts"])[:steps]
@@ -199,21 +200,78 @@ def profile_timeline(trace, title, path, steps=2):
     if kernels:
         rows["GPU kernels"] = kernels
         end = max(end, max(e["ts"] + e["dur"] for e in kernels))  # the device runs behind the host
-    names = [name for name in rows if rows[name]]
+    spans = {name: [((e["ts"] - start) / 1e3, max(e["dur"], 1) / 1e3) for e in events]
+             for name, events in rows.items() if events}  # the trace's clock is in microseconds
+    draw_timeline(spans, (end - start) / 1e3, "ms from the start of the first step shown", title, path)
 
+
+def draw_timeline(rows, length, label, title, path):
+    """One row of bars per name, top to bottom: ``rows`` maps a name to its (start, length) spans, in the
+    units of the x axis, which runs from 0 to ``length``."""
+    plt = pyplot()
+    names = list(rows)
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(names) + 1.4), dpi=100)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, name in enumerate(names):
-        spans = [((e["ts"] - start) / 1e3, max(e["dur"], 1) / 1e3) for e in rows[name]]
-        ax.broken_barh(spans, (len(names) - 1 - index - 0.35, 0.7), color=colours[index % len(colours)])
+        ax.broken_barh(rows[name], (len(names) - 1 - index - 0.35, 0.7), color=colours[index % len(colours)])
     ax.set_yticks(range(len(names)), names[::-1], fontsize=8)
-    ax.set_xlim(0, (end - start) / 1e3)
-    ax.set_xlabel("ms from the start of the first step shown")
+    ax.set_xlim(0, length)
+    ax.set_xlabel(label)
     ax.set_title(title, fontsize=9)
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def tables(database):
+    return {name for (name,) in database.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def nsys_rows(database, os_calls=6):
+    """The spans (start, end in ns) of an Nsight Systems report's SQLite export, by row: the NVTX ranges
+    the training loop annotates (by name), the CUDA kernels, and the OS runtime calls that took the most
+    time (by call)."""
+    held, rows = tables(database), {}
+    if "NVTX_EVENTS" in held:
+        for name, start, end in database.execute(
+                "SELECT COALESCE(e.text, s.value), e.start, e.end FROM NVTX_EVENTS e LEFT JOIN StringIds s "
+                "ON e.textId = s.id WHERE e.eventType IN (59, 60) AND e.end IS NOT NULL"):
+            if range_name(name or "") in TIMELINE_ROWS:
+                rows.setdefault(range_name(name), []).append((start, end, name))
+        rows = {name: rows[name] for name in TIMELINE_ROWS if name in rows}
+    if "CUPTI_ACTIVITY_KIND_KERNEL" in held:
+        rows["GPU kernels"] = [(start, end, None) for start, end in
+                               database.execute("SELECT start, end FROM CUPTI_ACTIVITY_KIND_KERNEL")]
+    if "OSRT_API" in held:
+        busiest = [name for (name,) in database.execute(
+            "SELECT s.value FROM OSRT_API o JOIN StringIds s ON o.nameId = s.id GROUP BY s.value "
+            "ORDER BY SUM(o.end - o.start) DESC LIMIT ?", (os_calls,))]
+        for name in busiest:
+            rows[f"OS: {name}"] = [(start, end, None) for start, end in database.execute(
+                "SELECT o.start, o.end FROM OSRT_API o JOIN StringIds s ON o.nameId = s.id WHERE s.value = ?",
+                (name,))]
+    return {name: spans for name, spans in rows.items() if spans}
+
+
+def nsys_timeline(database, title, path, steps=2):
+    """A timeline of an Nsight Systems report's SQLite export: its first ``steps`` NVTX steps where it has
+    them (a GPU report's window), else the whole report (a CPU run's, where nsys records the OS calls)."""
+    rows = nsys_rows(database)
+    if not rows:
+        raise ValueError("the report holds no NVTX ranges, kernels or OS runtime calls")
+    step_spans = sorted(rows.get("step", []))[:steps]
+    if step_spans:
+        start, end = step_spans[0][0], step_spans[-1][1]
+        kernels = rows.get("GPU kernels", [])
+        end = max([end] + [e for s, e, _ in kernels if start <= s < end])  # the device runs behind the host
+    else:
+        start = min(s for spans in rows.values() for s, _, _ in spans)
+        end = max(e for spans in rows.values() for _, e, _ in spans)
+    unit, label = (1e6, "ms from the start of the first step shown") if step_spans else (1e9, "s from the first event")
+    spans = {name: [((s - start) / unit, max(e - s, 1) / unit) for s, e, _ in row if e > start and s < end]
+             for name, row in rows.items()}  # the report's clock is in nanoseconds
+    draw_timeline(spans, (end - start) / unit, label, title, path)
 
 
 def profile_tag(folder):
@@ -228,7 +286,8 @@ def profile_tag(folder):
 
 
 def profile_figures(folder, out_dir):
-    """A timeline for each trace listed in ``folder``/profiles.json; returns the images written."""
+    """A timeline for each trace and each Nsight Systems report listed in ``folder``/profiles.json; returns
+    the images written."""
     tag = profile_tag(folder)
     index_path = os.path.join(folder, "profiles.json")
     if not os.path.exists(index_path):
@@ -244,6 +303,38 @@ def profile_figures(folder, out_dir):
         name = f"profile_{tag}_{entry['rung']}.png"
         profile_timeline(trace, f"{entry['rung']}: {entry['what']} ({entry['device']}, {entry['date'][:10]})",
                          os.path.join(out_dir, name))
+        written.append(name)
+    return written
+
+
+def nsys_figures(folder, out_dir):
+    """``nsys_<tag>_<rung>.png`` for each Nsight Systems report listed in ``folder``/profiles.json, from its
+    SQLite export (nsys exports it; without an nsys here they are not remade, and a line says so)."""
+    import sqlite3
+    import tempfile
+
+    from benchmarks import nsight
+
+    tag, index_path = profile_tag(folder), os.path.join(folder, "profiles.json")
+    if not os.path.exists(index_path):
+        return []
+    with open(index_path) as f:
+        entries = json.load(f)["profiles"]
+    reports = [entry for entry in entries if "file" in entry.get("nsys", {})]
+    nsys = nsight.find_nsys() if reports else None
+    if reports and nsys is None:
+        print(f"nsys not found: the timelines of {tag}'s Nsight Systems reports not remade "
+              "(python -m benchmarks.nsight install)")
+        return []
+    written = []
+    for entry in reports:
+        name = f"nsys_{tag}_{entry['rung']}.png"
+        with tempfile.TemporaryDirectory() as scratch:
+            database = sqlite3.connect(nsight.export_sqlite(nsys, os.path.join(folder, entry["nsys"]["file"]),
+                                                            os.path.join(scratch, "report.sqlite")))
+            nsys_timeline(database, f"{entry['nsys']['file']}: {entry['rung']}, {entry['what']} under Nsight "
+                          f"Systems ({entry['device']}, {entry['date'][:10]})", os.path.join(out_dir, name))
+            database.close()
         written.append(name)
     return written
 
@@ -323,6 +414,10 @@ def main(argv=None):
                                                           os.path.join(ROOT, "sample_nsys_profiles", "dali"),
                                                           os.path.join(ROOT, "example_logs", "cpu_profiles")],
                         help="folders with a profiles.json (from benchmarks.profiles)")
+    parser.add_argument("--nsys_profiles", nargs="*", default=[os.path.join(ROOT, "sample_nsys_profiles"),
+                                                               os.path.join(ROOT, "sample_nsys_profiles", "dali"),
+                                                               os.path.join(ROOT, "sample_nsys_profiles", "cpu")],
+                        help="folders whose profiles.json lists Nsight Systems reports (drawn with nsys's help)")
     parser.add_argument("--no_browser", action="store_true", help="skip the TensorBoard screenshot")
     args = parser.parse_args(argv)
 
@@ -351,6 +446,9 @@ def main(argv=None):
     print("wrote scaling_model.png from benchmarks/scaling_model.py")
     for folder in args.profiles:
         for name in profile_figures(folder, args.out_dir):
+            print(f"wrote {name} from {os.path.relpath(folder, ROOT)}")
+    for folder in args.nsys_profiles:
+        for name in nsys_figures(folder, args.out_dir):
             print(f"wrote {name} from {os.path.relpath(folder, ROOT)}")
     domain_figure(os.path.join(args.out_dir, "domain_halo.png"))
     print("wrote domain_halo.png from utils/distributed.py's blocks and utils/halo.py's halo width")

@@ -79,9 +79,11 @@ def test_a_gpu_trace_without_kernels_is_reported_not_passed(tmp_path):
 
 
 FAKE_NSYS = """#!/bin/sh
-# A stand-in for nsys: writes what it is told to into the -o path.
+# A stand-in for nsys: writes into the -o path the kind of file named beside it (a profiled run's
+# environment is not the caller's: nsight.profile_environment).
+kind=$(cat "$(dirname "$0")/kind")
 while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done
-touch "$out.$KIND"
+touch "$out.$kind"
 """
 
 
@@ -95,7 +97,7 @@ def test_nsys_is_probed_once_before_the_rungs(tmp_path, monkeypatch, kind, works
     fake.write_text(FAKE_NSYS)
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
-    monkeypatch.setenv("KIND", kind)
+    (fake.parent / "kind").write_text(kind)
     nsys, why = probe_nsys(str(tmp_path / "work"), timeout=30)
     if works:
         assert nsys == str(fake) and why is None
@@ -119,6 +121,9 @@ def test_nsys_and_its_importer_together_end_within_the_limit(tmp_path):
     result = profiles.try_nsys(str(nsys), ["-c", "pass"], str(tmp_path / "probe"), str(tmp_path / "log"), timeout=7)
     assert time.monotonic() - started < 10  # 7 s and the ends of the processes: not 5 s of nsys + 7 of the importer
     assert "wrote a .qdstrm capture but no .nsys-rep report (QdstrmImporter failed)" in result["error"]
+    # The capture stays, for the importer of its version elsewhere (python -m benchmarks.nsight import).
+    assert result["capture"] == "probe.qdstrm" and (tmp_path / "probe.qdstrm").is_file()
+    assert "python -m benchmarks.nsight import probe.qdstrm" in result["error"]
     assert "timed out" in result["error"]
 
 

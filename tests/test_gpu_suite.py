@@ -153,7 +153,8 @@ def test_the_nsys_probe_tries_each_route_with_the_issues_options():
     [command] = [c for session in suite_plan.plan() for c in session if c["stages"] == ["nsys-probe"]]
     assert suite_plan.NSYS_CARRY in command["carry"] and "nsight-systems-target_*.deb" in commands
     status, output = plan_output()
-    assert "apt-get download nsight-systems-target" in output
+    assert f"python -m benchmarks.nsight fetch --dir {suite_plan.NSYS_CARRY} nsight-systems-target" in output
+    assert "python -m benchmarks.nsight import <capture>.qdstrm" in output
 
 
 def test_the_plan_copies_the_preflights_answer_from_where_the_suite_writes_it():

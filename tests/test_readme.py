@@ -28,6 +28,7 @@ import pytest
 import torch
 import yaml
 
+from benchmarks import nsight
 from conftest import ROOT, dali_installed, needs_dali, timeout_for
 from readme_commands import copy_data, make_scratch, readme_commands, shell_line, tutorial_text, tutorial_texts
 from utils.generate_data import generate_box, write_h5
@@ -569,6 +570,24 @@ def benchy_run(name, *extra):
             f"--num_epochs=4 {' '.join(extra)}")
 
 
+# Where neither an nsys nor the means to fetch Debian's is at hand, the Nsight Systems commands are skipped.
+NSYS_MARKS = (pytest.mark.skipif(
+    nsight.find_nsys() is None and not (shutil.which("apt-get") and shutil.which("dpkg-deb")),
+    reason="no nsys, and no apt-get and dpkg-deb to fetch Debian's (python -m benchmarks.nsight install)"),)
+
+
+def check_nsys_installed(made):
+    nsys = made.output.strip().splitlines()[-1]
+    assert os.access(nsys, os.X_OK) and nsys.endswith("/nsys"), made.output[-2000:]
+
+
+def check_nsys_profiles(made):
+    with open(made.one("nsys_out/profiles.json")) as f:
+        [entry] = json.load(f)["profiles"]
+    assert entry["nsys"]["file"] == "baseline.nsys-rep" and entry["nsys"]["tables"]["osrt"], entry["nsys"]
+    assert os.path.getsize(made.one("nsys_out/baseline.nsys-rep")) > 10_000
+
+
 def check_domain(made):
     output = made.output
     with open(made.one("domain_out/domain.json")) as f:
@@ -664,6 +683,13 @@ RUN = {
     "--lr_scaling=sqrt --warmup_steps=32 --bucket_cap_mb=100 --ddp_comm_hook=bf16": Run(
         append=TINY, check=check_run("demo", devices="2CPU", global_batch_size=16, warmup_steps=32,
                                      ddp_comm_hook="bf16")),
+    # Debian's Nsight Systems, unpacked where tests/test_nsight.py finds it (about 170 MB, fetched once).
+    "python -m benchmarks.nsight install": Run(check=check_nsys_installed, marks=NSYS_MARKS),
+    "python -m benchmarks.profiles --preset cpu --nsys": Run(
+        append="--only baseline --steps 2 --data_dir data --out_dir nsys_out", check=check_nsys_profiles,
+        marks=NSYS_MARKS),
+    "python -m benchmarks.nsight summary sample_nsys_profiles/cpu/baseline.nsys-rep": Run(
+        check=check_output("OS runtime calls by time:"), marks=NSYS_MARKS),
     "python -m benchmarks.scaling_model --check": Run(check=check_output("\nverdict: ")),
     "python -m benchmarks.scaling_model --check --json": Run(check=check_output('"nccl": "2.15.5"')),
     "python -m benchmarks.scaling_model --knobs": Run(check=check_output("| --ddp_comm_hook=bf16 |")),
