@@ -13,10 +13,10 @@ RUN_NUM ?= $(shell date +%Y%m%d-%H%M%S)
 DATA := data/synthetic_train.h5 data/synthetic_valid.h5
 
 # test-fast: no end-to-end training runs (marked slow), no GPU, none of the tests that need more than
-# requirements.txt and pytest (Slurm, containers, the notebook, DALI), and none of the modules that train
-# or all-reduce on several gloo ranks under torchrun (DDP, FSDP, domain parallelism, the step spread).
+# requirements.txt and pytest (Slurm, containers, the notebook, DALI, Nsight Systems), and none of the modules
+# that train or all-reduce on several gloo ranks under torchrun (DDP, FSDP, domain parallelism, the step spread).
 FAST_TESTS := -m "not slow and not gpu" --ignore=tests/test_slurm.py --ignore=tests/test_docker.py \
-	--ignore=tests/test_notebook.py --ignore=tests/test_data_loader_dali.py \
+	--ignore=tests/test_notebook.py --ignore=tests/test_data_loader_dali.py --ignore=tests/test_nsight.py \
 	--ignore=tests/test_distributed.py --ignore=tests/test_domain_parallel.py --ignore=tests/test_allreduce.py \
 	--ignore=tests/test_step_spread.py
 

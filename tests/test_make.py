@@ -28,11 +28,11 @@ def test_make_test_fast_installs_pytest_alone_and_no_system_package(tmp_path):
 
 def test_test_fast_leaves_out_every_test_that_installs_system_packages():
     """As root, the Slurm tests install slurm-wlm and munge, the container tests buildah and debootstrap,
-    and the browser tests (the notebook's and make figures', marked slow) Chromium: none is in make
-    test-fast's selection, nor the DALI tests."""
+    the Nsight Systems tests Debian's Nsight Systems (about 170 MB), and the browser tests (the notebook's
+    and make figures', marked slow) Chromium: none is in make test-fast's selection, nor the DALI tests."""
     makefile = open(os.path.join(ROOT, "Makefile")).read()
     selection = makefile.split("FAST_TESTS :=", 1)[1].split("\n\n", 1)[0]
-    for module in ("test_slurm", "test_docker", "test_notebook", "test_data_loader_dali"):
+    for module in ("test_slurm", "test_docker", "test_notebook", "test_data_loader_dali", "test_nsight"):
         assert f"--ignore=tests/{module}.py" in selection, module
     for module in ("test_figures", "test_notebook"):  # the browser's users
         assert "pytestmark = pytest.mark.slow" in open(os.path.join(ROOT, "tests", f"{module}.py")).read(), module
