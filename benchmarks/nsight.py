@@ -78,9 +78,15 @@ def profile_environment(environ=None):
 
 
 # nsys records every process it can see, each with its environment: a run in a PID namespace of its own
-# (root, or user namespaces) shows it its own processes alone.
-SCOPES = (["unshare", "--pid", "--fork", "--mount-proc"],
-          ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc"])
+# (root, or user namespaces) shows it its own processes alone. --kill-child: a limit that ends unshare
+# ends what runs inside too. Inside, nsys's session state (in /dev/shm and /tmp/nvidia, keyed by process
+# ids, which every namespace numbers from 1 again) is the run's own too: the state of a session killed
+# earlier, at the same ids, would stop it with "Agent launcher failed".
+PRIVATE_STATE = ('mount -t tmpfs tmpfs /dev/shm && mkdir -p /tmp/nvidia && mount -t tmpfs tmpfs /tmp/nvidia '
+                 '&& exec "$@"')
+SCOPES = (["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", PRIVATE_STATE, "scope"],
+          ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c",
+           PRIVATE_STATE, "scope"])
 
 
 def own_processes():

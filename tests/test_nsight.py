@@ -79,6 +79,40 @@ def test_the_profiles_tool_makes_a_report_of_a_cpu_run_and_reads_it_back(nsys, t
         assert report["processes"].startswith("every process of the machine")
 
 
+def test_a_run_after_a_killed_session_still_makes_its_report(nsys, tmp_path):
+    """nsys keeps its sessions' state by process id in /dev/shm and /tmp/nvidia, and every PID namespace
+    numbers its processes from 1: a session killed in a namespace of its own (a time limit, Ctrl-C) leaves
+    state at the ids the next namespaced run gets, which then ends "Agent launcher failed". Each run's
+    state is its own (nsight.PRIVATE_STATE), so the next run makes its report."""
+    import signal
+    import time
+
+    from benchmarks import profiles
+
+    scope = nsight.own_processes()
+    if not scope:
+        pytest.skip("no PID namespace of its own here (unshare): the runs see the machine's process ids")
+    state = ["/dev/shm", "/tmp/nvidia/nsight_systems"]
+    before = {folder: set(os.listdir(folder)) if os.path.isdir(folder) else set() for folder in state}
+    killed = subprocess.Popen(  # the machine's /dev/shm and /tmp/nvidia, as a plain namespaced nsys has them
+        ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", nsys, "profile", "--trace=osrt",
+         "--sample=none", "--cpuctxsw=none", "-o", str(tmp_path / "killed"), sys.executable, "-c",
+         "import time; time.sleep(60)"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        time.sleep(5)  # its session has started
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait()
+        result = profiles.try_nsys(nsys, ["-c", "pass"], str(tmp_path / "next"), str(tmp_path / "next.log"),
+                                   timeout_for(60), cuda=False)
+        assert result == {"file": "next.nsys-rep", "processes": "its own processes"}, \
+            (tmp_path / "next.log").read_text()[-2000:]
+    finally:  # the killed session's leftovers, which would stop the next plain namespaced nsys on this machine
+        for folder in state:
+            for name in set(os.listdir(folder) if os.path.isdir(folder) else ()) - before[folder]:
+                path = os.path.join(folder, name)
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
 def test_a_raw_capture_becomes_a_report_with_the_importer(nsys, tmp_path):
     """An nsys whose host half is missing (a target-only copy, as on the GPU machine) writes a .qdstrm and no
     report; `python -m benchmarks.nsight import` turns it into one, which nsys stats reads."""
