@@ -171,7 +171,10 @@ def install(folder=DEFAULT_DIR):
     nsys = unpack(folder, debs)
     remove = debs + [os.path.join(folder, "apt")]  # 170 MB of packages and apt's lists, no longer needed
     for path in remove:
-        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
     return nsys
 
 

@@ -110,7 +110,10 @@ def test_a_run_after_a_killed_session_still_makes_its_report(nsys, tmp_path):
         for folder in state:
             for name in set(os.listdir(folder) if os.path.isdir(folder) else ()) - before[folder]:
                 path = os.path.join(folder, name)
-                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+                if os.path.isdir(path):
+                    shutil.rmtree(path)
+                else:
+                    os.remove(path)
 
 
 def test_a_raw_capture_becomes_a_report_with_the_importer(nsys, tmp_path):
