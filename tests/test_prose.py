@@ -1,0 +1,81 @@
+"""docs/prose.py counts what the house style caps: words, sentences, paragraphs and provenance in running prose;
+and the tutorial's files stay within the figures docs/prose_budget.json allows them (the budget only goes down)."""
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT, timeout_for
+from docs import prose
+
+TEXT = """# A heading of several words that is not prose
+
+Run the demo. It trains for two epochs (about a minute on a laptop) and prints the loss! Does it halve?
+`make demo` is the command.
+
+- A list item is a paragraph of its own, measured on 2026-11-25 at 8647ee9.
+  Its indented continuation belongs to it.
+- Another item.
+
+| a table | 2026-11-25 |
+|---|---|
+| is not prose | at all |
+
+*Measured by `python -m benchmarks.ladder` on one H100, 2026-11-25.*
+
+```
+code 2026-11-25 is not prose either
+```
+
+<details><summary>Measurement notes</summary>
+
+A long audit, measured 2026-11-26, that a reader opens only to check a claim.
+
+</details>
+
+[^h100]: One H100 80GB HBM3, 2026-11-25.
+
+> We quote the original: you run it.
+"""
+
+
+def test_prose_is_paragraphs_list_items_and_quotes_without_headings_code_tables_captions_or_notes():
+    kinds = [kind for kind, _ in prose.blocks(TEXT)]
+    assert kinds.count("prose") == 4  # the paragraph, two list items, the block quote
+    assert {"heading", "table", "code", "caption", "details", "footnote"} <= set(kinds)
+    first_item = [body for kind, body in prose.blocks(TEXT) if kind == "prose"][1]
+    assert first_item.endswith("Its indented continuation belongs to it.")
+
+
+def test_sentences_end_before_a_capital_a_backtick_or_a_bracket():
+    paragraph = "Run the demo. It trains (fast) and prints the loss! Does it halve? `make demo` is it. (Yes.) e.g. not here"
+    assert [len(each.split()) for each in prose.sentences(paragraph)] == [3, 7, 3, 4, 4]
+
+
+def test_the_figures_of_a_text():
+    figures = prose.measure(TEXT)
+    assert figures["words"] == len(TEXT.split())
+    details = len("A long audit, measured 2026-11-26, that a reader opens only to check a claim.".split())
+    assert figures["visible_words"] == figures["words"] - details
+    # Dates and hashes are counted in running prose only: the list item's, not the table's, caption's,
+    # code's, footnote's or the details block's.
+    assert figures["dates_in_running_prose"] == 1 and figures["hashes_in_running_prose"] == 1
+    assert figures["sentences"] == 4 + 2 + 1 + 1  # the paragraph (its second line too), the items, the quote
+    assert figures["percent_in_parentheses"] > 0 and figures["address_per_1000"] > 0
+
+
+def test_a_long_sentence_and_a_long_paragraph_count_against_the_caps():
+    long_sentence = " ".join(["word"] * 51) + "."
+    figures = prose.measure(f"{long_sentence} Short one.\n\n" + " ".join(["Short sentence."] * 70) + "\n")
+    assert figures["sentences_over_35"] == figures["sentences_over_50"] == 1
+    assert figures["longest_sentence"] == 51
+    assert figures["paragraphs_over_120"] == 1 and figures["longest_paragraph"] == 140
+
+
+def test_the_command_prints_every_file_and_the_core_path():
+    result = subprocess.run([sys.executable, "-m", "docs.prose", "--json"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=timeout_for(60))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert list(report["files"]) == prose.tutorial_files()
+    assert report["core_path"]["words"] == sum(report["files"][path]["words"] for path in prose.CORE_PATH)
