@@ -3,6 +3,7 @@
 # make test-fast   the core of the suite in minutes: pytest alone added to .venv, no system packages
 # make test-slurm  only the tests that submit submit_pm.sh to a real two-node Slurm (run as root)
 # make figures     remake tutorial_images/ from the committed example_logs/
+# make notes       remake benchmarks/results/README.md, the index of every committed result (benchmarks/notes.py)
 # make words       how long the tutorial is to read: words, sentences and paragraphs per file (docs/prose.py)
 # make data        only the synthetic data set;  make clean   remove the environment, data (data_large too) and runs
 
@@ -21,7 +22,7 @@ FAST_TESTS := -m "not slow and not gpu" --ignore=tests/test_slurm.py --ignore=te
 	--ignore=tests/test_distributed.py --ignore=tests/test_domain_parallel.py --ignore=tests/test_allreduce.py \
 	--ignore=tests/test_step_spread.py
 
-.PHONY: demo test test-fast test-slurm figures words data clean
+.PHONY: demo test test-fast test-slurm figures notes words data clean
 
 # The demo's CPU threads: its losses' last digits depend on the thread count alone (README), and 2
 # threads give the README's. DEMO_THREADS=8 is quicker on a larger CPU, with other last digits.
@@ -41,6 +42,9 @@ test-slurm: $(VENV)/.installed-test
 
 figures: $(VENV)/.installed-figures
 	$(PY) -m figures.tutorial_images
+
+notes:
+	$(PYTHON) -m benchmarks.notes
 
 words:
 	$(PYTHON) -m docs.prose
