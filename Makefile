@@ -43,8 +43,8 @@ test-slurm: $(VENV)/.installed-test
 figures: $(VENV)/.installed-figures
 	$(PY) -m figures.tutorial_images
 
-notes:
-	$(PYTHON) -m benchmarks.notes
+notes: $(VENV)/.installed
+	$(PY) -m benchmarks.notes
 
 words:
 	$(PYTHON) -m docs.prose
