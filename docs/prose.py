@@ -33,6 +33,7 @@ LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
 ITALIC = re.compile(r"^(\*[^*].*[^*]\*|_.+_)[.:]?$", re.S)
 ADDRESS = re.compile(r"\b(?:you|your|you're|yours|we|our|let's)\b", re.I)
 LONG_SENTENCE, MAX_SENTENCE, LONG_PARAGRAPH = 35, 50, 120  # the house style's caps (words)
+WORDS_PER_MINUTE = 200  # the reading times README.md gives each chapter
 
 
 def tutorial_files(root=ROOT):
@@ -165,6 +166,10 @@ def measure(text):
     }
 
 
+def reading_minutes(words):
+    return max(1, round(words / WORDS_PER_MINUTE))
+
+
 def measure_tutorial(root=ROOT):
     """``{file: figures}`` for README.md and every chapter, with the core path's and the whole's words."""
     figures = {path: measure(open(os.path.join(root, path), encoding="utf-8").read())
@@ -191,6 +196,9 @@ def table(report):
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) if i == 0 else cell.rjust(width) for i, (cell, width)
                        in enumerate(zip(row, widths))) for row in rows]
+    lines += ["", "reading times at %d words a minute: %s" % (WORDS_PER_MINUTE, ", ".join(
+        f"{os.path.basename(path)[:2]} {reading_minutes(figures['words'])} min"
+        for path, figures in report["files"].items() if path != "README.md"))]
     core = report["core_path"]
     lines += ["", f"learner's core path ({', '.join(core['files'])}): {core['words']} words, "
                   f"{core['visible_words']} visible",

@@ -79,3 +79,18 @@ def test_the_command_prints_every_file_and_the_core_path():
     report = json.loads(result.stdout)
     assert list(report["files"]) == prose.tutorial_files()
     assert report["core_path"]["words"] == sum(report["files"][path]["words"] for path in prose.CORE_PATH)
+
+
+def test_the_readme_gives_each_chapter_its_reading_time():
+    """README.md's chapter list: "(core|optional|for maintainers, N min)" for every chapter, N its words at
+    docs/prose.py's reading speed, give or take a fifth (or 2 minutes), so that a stale time fails here."""
+    import re
+
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    stated = dict(re.findall(r"\]\((docs/\d\d-[\w-]+\.md)\) \((?:core|optional|for maintainers), (\d+) min\)", readme))
+    chapters = [path for path in prose.tutorial_files() if path != "README.md"]
+    assert sorted(stated) == chapters
+    for path, minutes in stated.items():
+        words = len(open(os.path.join(ROOT, path), encoding="utf-8").read().split())
+        expected = prose.reading_minutes(words)
+        assert abs(int(minutes) - expected) <= max(2, expected / 5), (path, minutes, expected)
