@@ -37,6 +37,7 @@ NOT_MEASURED = [
     ("the exact forms and the in-step layer table on a GPU (`benchmarks/layers.py`)", "-"),
     ("the tests marked `gpu` and the distributed tests on CUDA since the exact forms", "all pass"),
     ("an Nsight Systems report of a GPU run", "-"),
+    ("`submit_pm.sh` with the real `shifter` and `podman-hpc` runtimes on GPU nodes", "-"),
 ]
 
 
