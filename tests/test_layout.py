@@ -102,13 +102,13 @@ def docstring_map():
 
 def docs_map():
     """``{module: concern}`` from the utils/ table of docs/02-single-device.md's code overview: one row per
-    module, the concern in the first row of its group."""
+    concern, its modules linked as [`module`](../utils/module.py)."""
     text = open(os.path.join(ROOT, "docs", "02-single-device.md")).read()
     overview = text.split("## Model, data and code overview")[1].split("\n#")[0]
-    concern, found = None, []
-    for cell, module in re.findall(r"^\| *([^|]*?) *\| \[`utils/(\w+)\.py`\]\(\.\./utils/\2\.py\) \|", overview, re.M):
-        concern = cell.lower() or concern
-        found.append((module, concern))
+    found = []
+    for concern, modules in re.findall(r"^\| *([a-z][^|]*?) *\| *(\[`\w+`\].*?) *\|$", overview, re.M):
+        found += [(module, concern.lower()) for module, linked in re.findall(r"\[`(\w+)`\]\(\.\./utils/(\w+)\.py\)", modules)
+                  if module == linked]
     return found
 
 
@@ -120,7 +120,7 @@ def test_the_map_of_utils_names_every_module_once_in_the_docstring_and_the_docs(
     for where, found, line in (
             ("utils/__init__.py's docstring", docstring_map(), "    {m:<21}what it does"),
             ("docs/02-single-device.md's code overview", docs_map(),
-             "|  | [`utils/{m}.py`](../utils/{m}.py) | what it does |")):
+             ", [`{m}`](../utils/{m}.py) in its concern's row")):
         named = [module for module, _ in found]
         problems += [f"{where} maps no utils/{m}.py: add the line {line.format(m=m)!r} under its concern"
                      for m in sorted(modules - set(named))]
