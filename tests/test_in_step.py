@@ -89,14 +89,14 @@ def test_on_a_gpu_every_kernel_is_attributed_and_the_convolutions_name_their_ker
 
 
 def test_the_committed_traces_kernel_kinds_are_those_docs_03_quotes():
-    """docs/03's table of the bf16 + fused + JIT rung's kernels, from its committed H100 trace."""
+    """docs/09's table of the bf16 + fused + JIT rung's kernels, from its committed H100 trace."""
     import os
     import re
 
     from conftest import ROOT
     path = "sample_nsys_profiles/gpu_inmem_bf16_fused_jit.pt.trace.json.gz"
     summary = in_step.trace_summary(os.path.join(ROOT, path))
-    docs = open(os.path.join(ROOT, "docs", "03-profiling-and-optimisation.md")).read()
+    docs = open(os.path.join(ROOT, "docs", "09-going-further.md")).read()
     assert f"python -m benchmarks.in_step {path}" in docs
     rows = re.findall(r"^\| (convolutions|other element-wise|layout conversions|optimiser) \| [\d.]+ \| [\d.]+% \|$",
                       summary, flags=re.M)
@@ -122,7 +122,7 @@ def test_kernels_are_sorted_by_their_names():
 
 
 def test_docs_03_quotes_the_committed_cpu_run_of_the_step_layer_by_layer():
-    """The side-by-side table of docs/03 (plain, in the exact forms) is the committed CPU run's, row for row,
+    """The side-by-side table of docs/09 (plain, in the exact forms) is the committed CPU run's, row for row,
     and so are the numbers its paragraph gives."""
     import json
     import os
@@ -133,7 +133,7 @@ def test_docs_03_quotes_the_committed_cpu_run_of_the_step_layer_by_layer():
     with open(os.path.join(ROOT, "benchmarks", "results", "layers", name + ".json")) as f:
         report = json.load(f)
     off, on = report["in_step"]["off"], report["in_step"]["on"]
-    docs = open(os.path.join(ROOT, "docs", "03-profiling-and-optimisation.md")).read()
+    docs = open(os.path.join(ROOT, "docs", "09-going-further.md")).read()
     table = docs[docs.index(f"<!-- in-step: {name}.json -->"):].split("\n\n", 1)[0]
     expected = [f"| {a['row']} | {a['ms']:.2f} | {b['ms']:.2f} | {b['layout_ms']:.2f} |"
                 for a, b in zip(off["rows"], on["rows"])]

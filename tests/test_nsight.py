@@ -201,13 +201,13 @@ def test_the_committed_reports_timelines_are_drawn_from_their_sqlite(nsys, tmp_p
     assert [len(rows[f"OS: {row['name']}"]) for row in quoted[:6]] == [row["count"] for row in quoted[:6]]
 
 
-def test_the_profiling_chapter_quotes_the_committed_cpu_reports():
-    """docs/03's figures for the two CPU reports are those their profiles.json records."""
+def test_the_going_further_chapter_quotes_the_committed_cpu_reports():
+    """docs/09's figures for the two CPU reports are those their profiles.json records."""
     import re
 
     from readme_commands import tutorial_texts
 
-    text = " ".join(tutorial_texts(ROOT)["docs/03-profiling-and-optimisation.md"].split())
+    text = " ".join(tutorial_texts(ROOT)["docs/09-going-further.md"].split())
     folder = os.path.join(ROOT, "sample_nsys_profiles", "cpu")
     calls = {os.path.basename(report): {row["name"]: row for row in committed_entry(report)["nsys"]["tables"]["osrt"]}
              for report in (os.path.join(folder, "baseline.nsys-rep"), os.path.join(folder, "gpu_inmem.nsys-rep"))}
