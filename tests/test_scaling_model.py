@@ -581,3 +581,19 @@ def test_a_steps_compute_splits_into_a_cost_per_sample_and_one_per_step_measured
     # The earlier README's 4-GPU row at local batch 16, which a per-sample-only model missed by 30%.
     row = next(r for r in model.check_rows() if r["curve"] == "4_gpus_local_batch_16 (mean of the 3 runs)")
     assert abs(row["error"]) < 0.02
+
+
+def test_the_scaling_benchmark_records_the_network_environment(synthetic_data_dir, tmp_path, monkeypatch):
+    """benchmarks.scaling writes the NCCL_* and FI_* variables its runs saw into scaling.json and its README:
+    a condition of the curves (here with a run that train.py refuses at once, to keep it short)."""
+    from benchmarks import scaling
+
+    monkeypatch.setenv("NCCL_CROSS_NIC", "1")
+    monkeypatch.setenv("FI_CXI_RDZV_THRESHOLD", "0")
+    assert scaling.network_environment({"NCCL_A": "1", "FI_B": "2", "OTHER": "3"}) == {"FI_B": "2", "NCCL_A": "1"}
+    out = tmp_path / "scaling" / "env"
+    scaling.main(["--preset", "cpu", "--ranks", "1", "--data_dir", str(synthetic_data_dir), "--out_dir", str(out),
+                  "--work_dir", str(tmp_path / "work"), "--extra=--crop_size=31"])
+    recorded = json.loads((out / "scaling.json").read_text())["network_environment"]
+    assert {"NCCL_CROSS_NIC": "1", "FI_CXI_RDZV_THRESHOLD": "0"}.items() <= recorded.items()
+    assert "`NCCL_CROSS_NIC=1`" in (out / "README.md").read_text()
