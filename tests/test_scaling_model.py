@@ -597,3 +597,17 @@ def test_the_scaling_benchmark_records_the_network_environment(synthetic_data_di
     recorded = json.loads((out / "scaling.json").read_text())["network_environment"]
     assert {"NCCL_CROSS_NIC": "1", "FI_CXI_RDZV_THRESHOLD": "0"}.items() <= recorded.items()
     assert "`NCCL_CROSS_NIC=1`" in (out / "README.md").read_text()
+
+
+def test_the_readme_quotes_the_check():
+    """The README's scaling lines: the synthetic overhead the "around 12%" is compared with, the 8-node point
+    and the verdict's head, as --check computes them."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    rows = {(r["curve"], r["nodes"]): r for r in model.check_rows()}
+    overhead = rows[("comm_overhead_synthetic (README text)", 32)]["model"]
+    assert f"about 12% communication overhead with synthetic data (its `--noddp` line against its DDP line; the " \
+           f"model's synthetic overhead is {100 * overhead:.1f}%)" in readme
+    point = rows[("synthetic", 8)]
+    assert f"{point['published']:.0f} samples/s read off its plot, {point['model']:.0f} predicted " \
+           f"({model.signed(point['error'])})" in readme
+    assert model.verdict_line(model.verdict(list(rows.values()))).split(" (reading")[0] in readme
