@@ -1195,7 +1195,8 @@ def main(argv=None):
                        "`python -m benchmarks.allreduce` writes (it holds latency_us and busbw_GBps).\n")
     rate = args.one_gpu_rate or ONE_GPU_RATE[args.machine]
     if args.knobs:
-        print(knobs_markdown(knob_table(args.machine, machine if args.network else None)))
+        published = PUBLISHED_32 if args.machine == "perlmutter" and not args.network else None  # none on H100s
+        print(knobs_markdown(knob_table(args.machine, machine if args.network else None), published))
         return
     options = {"bucket_cap_mb": args.bucket_cap_mb, "first_bucket_mb": args.first_bucket_mb,
                "ddp_comm_hook": args.ddp_comm_hook, "broadcast_buffers": not args.disable_broadcast_buffers,

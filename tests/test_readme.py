@@ -985,6 +985,9 @@ def test_scaling_model_prose_is_that_of_its_report():
         modelled = model.step_time(fitted, 4 * n, 64, report["one_gpu_rate"], rate_batch=64)
         asked.append(1e3 * (64 * 4 * n / model.CURVES["synthetic"][n] - modelled.compute - modelled.ddp_gpu))
     assert "They ask for {:.1f} and {:.1f} ms of exposed network".format(*asked) in text
+    overhead = [rows[(curve, 32)] for curve in ("comm_overhead_synthetic (README text)", "comm_overhead_synthetic")]
+    assert f"the model's {pct(overhead[0]['model'])} at 32 nodes falls short of the README's \"around " \
+           f"{100 * overhead[0]['published']:.0f}%\" and the plot's {pct(overhead[1]['published'])}" in text
     for hypothesis in report["hypotheses"]:
         if hypothesis["moves"].startswith("synthetic 16 and 32 nodes at "):
             values = hypothesis["moves"].removeprefix("synthetic 16 and 32 nodes at ").split(" and ")

@@ -378,7 +378,7 @@ def test_the_committed_report_is_what_the_model_computes(tmp_path):
             assert (tmp_path / name).read_text() == f.read(), name
 
 
-def test_knobs_at_32_nodes():
+def test_knobs_at_32_nodes(capsys):
     ranked = dict(model.knob_table("perlmutter"))
     baseline = ranked["bs64_opt as published (the baseline)"]
     low, high = baseline["real"]
@@ -395,6 +395,9 @@ def test_knobs_at_32_nodes():
     larger = ranked["--local_batch_size=128 --grad_accum_steps=2"]
     assert larger["real"] == pytest.approx(ranked["--local_batch_size=128"]["real"])
     assert larger["real"][0] > baseline["real"][1]
+    model.main(["--knobs"])
+    assert f"| *published: the original's 32-node runs* | *{100 * model.PUBLISHED_32['real']:.1f}%* | " \
+           f"*{100 * model.PUBLISHED_32['synthetic']:.1f}%* |" in capsys.readouterr().out
     h100 = dict(model.knob_table("h100"))
     assert all(low <= high for row in h100.values() for low, high in row.values())
     # With this code's DALI rate the H100 computes slower than its loader delivers: real data as synthetic.
