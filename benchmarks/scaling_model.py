@@ -10,7 +10,8 @@ loader's and the network's, checked against the original tutorial's final weak-s
 
 One optimiser step on N GPUs takes
 
-    compute                (local batch / one GPU's samples/s with nothing else to do: synthetic data, --noddp)
+    compute                (local batch / one GPU's samples/s with nothing else to do: synthetic data, --noddp;
+                            its last part, the optimiser's step, after the all-reduce)
   + DDP's work on the GPU  (copying the gradients into the buckets and back, and the all-reduce's NVLink
                             traffic within the node: NCCL's kernels take the SMs and memory bandwidth the
                             backward pass needs, so this does not hide)
@@ -25,19 +26,21 @@ The buckets are DDP's own assignment (``torch.distributed._compute_bucket_assign
 U-Net's real parameters, in the order their gradients become ready, which hooks record during a real
 backward pass together with the share of the backward FLOPs done at that moment. Each bucket's
 all-reduce across nodes starts when its last gradient is ready and the one before it is done, and
-costs what NCCL's own cost model (its src/graph/tuning.cc, of the version the original ran: NCCL_VERSION)
-says of a ring or of a tree, whichever is faster, as NCCL's tuner picks them call by call.
+costs what NCCL 2.15.5's cost model (src/graph/tuning.cc, the version the original ran) says of a ring
+or of a tree, whichever is faster, as NCCL's tuner picks them call by call: NCCL_LATENCY's comment
+names each term's line and the terms left out.
 
 One term is fitted to the original's final curves (NERSC/sc22-dl-tutorial commit 2074095, read off its
 plots by benchmarks/read_scaling_plots.py into benchmarks/sc22_scaling_points.json): the share of
 Slingshot's bandwidth that the all-reduce's bytes reached, one for every job, to the real-data runs at 8,
-16 and 32 nodes together. The latencies are not fitted. Two published points are inputs: one GPU's
-compute (the synthetic --noddp run) and one GPU's loader (the loader-alone ideal line); so is one
-measurement of this code: the share of a step's compute paid once per step whatever the batch
-(PER_STEP_SHARE, from one H100's ladder at batch 64 and 8), which sets the compute at other local batches.
-Seven points are N times an input (the --noddp and loader-alone curves): they check the plots' reading,
-not the model. The rest is predicted; ``--check`` lists every point with its residual and reading error,
-and ends with a verdict.
+16 and 32 nodes together, with its standard error. The latencies are not fitted. Two published points
+are inputs: one GPU's compute (the synthetic --noddp run) and one GPU's loader (the loader-alone ideal
+line); so is one measurement of this code: the share of a step's compute paid once per step whatever
+the batch (PER_STEP_SHARE, from one H100's ladder at batch 64 and 8). Each published point's standard
+error combines its reading error with the run-to-run spread of the original's repeated runs
+(RUN_TO_RUN). ``--check`` lists every point with its residual and errors, judges the independent
+predictions only (the synthetic runs and the runs at local batch 16), and ends with the fit (also with
+the published loader-alone points) and the hypotheses for the misses, each with its test.
 """
 import argparse
 import dataclasses
@@ -446,8 +449,8 @@ def step_time(machine, gpus, local_batch, one_gpu_rate, network=None, bucket_cap
         units = fsdp_units(network)
         gather = [allreduce_time(size, gpus, machine, collective="all-gather") for size, _ in units]
         forward_wait = max(0.0, sum(gather) - micro * network.forward_share)  # the all-gathers outrun the forward
-        reduce_scatters = [(forward + ready * backward, allreduce_time(size, gpus, machine, collective="reduce-scatter"))
-                           for size, ready in units]
+        reduce_scatters = [(forward + ready * backward,
+                            allreduce_time(size, gpus, machine, collective="reduce-scatter")) for size, ready in units]
         end = comm_timeline([(forward, sum(gather))] + reduce_scatters)
         exposed = forward_wait + max(0.0, end - backward_end)
         # Its collectives run on the GPU's SMs as DDP's do: copies in and out, and 1.5 times DDP's bytes over
@@ -528,8 +531,8 @@ RUNS_16 = (
 
 
 def run_name(run):
-    return (f"{run['gpus']}_gpus_local_batch_16" + ("" if run["bucket_cap_mb"] == 25 else f"_bucket_{run['bucket_cap_mb']}")
-            + ("" if run["broadcast_buffers"] else "_no_broadcast"))
+    bucket = "" if run["bucket_cap_mb"] == 25 else f"_bucket_{run['bucket_cap_mb']}"
+    return f"{run['gpus']}_gpus_local_batch_16{bucket}" + ("" if run["broadcast_buffers"] else "_no_broadcast")
 
 
 def run_to_run(runs=RUNS_16):
@@ -585,7 +588,8 @@ def _fit(points, loader, ring_only, changes):
     low, high = min(alone), max(alone)
     for _ in range(60):  # golden-section search for the minimum
         a, b = low + 0.382 * (high - low), high - 0.382 * (high - low)
-        low, high = (low, b) if misfit(a, points, loader, **network) < misfit(b, points, loader, **network) else (a, high)
+        better = misfit(a, points, loader, **network) < misfit(b, points, loader, **network)
+        low, high = (low, b) if better else (a, high)
     share = (low + high) / 2
     h = 0.01 * share
     curvature = (misfit(share + h, points, loader, **network) - 2 * misfit(share, points, loader, **network)
@@ -648,7 +652,8 @@ def check_rows(share=None):
         for nodes, value in CURVES[f"{kind}_noddp"].items():
             if nodes in CURVES[kind]:
                 ratio = CURVES[kind][nodes] / value
-                overhead[(kind, nodes)] = model = 1 - curve_model(kind, nodes, machine) / curve_model(f"{kind}_noddp", nodes, machine)
+                model = 1 - curve_model(kind, nodes, machine) / curve_model(f"{kind}_noddp", nodes, machine)
+                overhead[(kind, nodes)] = model
                 add(f"comm_overhead_{kind}", nodes, 1 - ratio, model, ratio=True,
                     reading=2 * READING_ERROR / value, run=math.sqrt(2) * RUN_TO_RUN * ratio)
     real = {n: curve_model("real", n, machine) for n in (1, 32)}
@@ -872,9 +877,10 @@ def scaling_markdown(rows):
 def knobs_markdown(ranked, published=None):
     """The knob table; ``published``: the original's own efficiencies at 32 nodes, a row beside the model's."""
     columns = list(ranked[0][1])
-    lines = ["| knobs on bs64_opt (local batch 64, 25 MB buckets) | " + " | ".join(
-        f"{column.replace('real', 'real data', 1)} at 32 nodes" if column != "synthetic" else "synthetic data at 32 nodes"
-        for column in columns) + " |", "|---" * (1 + len(columns)) + "|"]
+    titles = [f"{column.replace('real', 'real data', 1)} at 32 nodes" if column != "synthetic"
+              else "synthetic data at 32 nodes" for column in columns]
+    lines = ["| knobs on bs64_opt (local batch 64, 25 MB buckets) | " + " | ".join(titles) + " |",
+             "|---" * (1 + len(columns)) + "|"]
     if published:
         lines.append("| *published: the original's 32-node runs* | " + " | ".join(
             f"*{percent(published[c.split(',')[0]])}*" for c in columns) + " |")
@@ -932,7 +938,8 @@ def hypotheses():
                        "jobs' traffic on the links between groups)", "moves": "not computed",
          "test": "the all-reduce sweep at 2, 8, 16 and 32 nodes, repeated at different times"},
         {"hypothesis": "each synthetic point is one run, and a slow one", "moves": f"{VERDICT_SIGMAS} run-to-run "
-         f"standard errors are {VERDICT_SIGMAS * RUN_TO_RUN:.1%}, less than either miss", "test": "three runs of each point"},
+         f"standard errors are {VERDICT_SIGMAS * RUN_TO_RUN:.1%}, less than either miss",
+         "test": "three runs of each point"},
     ]
 
 
@@ -1086,8 +1093,8 @@ def report(out_dir, image=None):
     result = {"command": "python -m benchmarks.scaling_model --report", **check_summary(rows),
               "nccl_latencies": {k: v for k, v in NCCL_LATENCY.items() if k != "tree_correction"},
               "check": rows, "one_gpu_rate": A100_RATE, "loader_rate": PERLMUTTER.loader_rate,
-              "reading_error": READING_ERROR, "optimiser_ms": 1e3 * optimiser_time(sum(g.bytes for g in unet().gradients),
-                                                                                  PERLMUTTER),
+              "reading_error": READING_ERROR,
+              "optimiser_ms": 1e3 * optimiser_time(sum(g.bytes for g in unet().gradients), PERLMUTTER),
               "cpu": cpu, "tables": tables, "published_32": PUBLISHED_32,
               "knobs": {name: [{"knobs": k, **{c: list(v) for c, v in values.items()}} for k, values in ranked]
                         for name, ranked in knobs.items()}}
@@ -1126,8 +1133,8 @@ def report(out_dir, image=None):
         texts[f"knobs-{name}"] = (
             f"# The knobs at 32 nodes ({gpus} GPUs): {machines[name].name}\n\n{made} Weak-scaling efficiency against "
             f"as many GPUs alone, in whole percent; a range where the network's share less and plus its standard error "
-            f"({percent(max(share - error, 0.05))} and {percent(share + error)}) give different values{extra}. The model "
-            "misses the published synthetic runs at 16 and 32 nodes (check.md): differences in the synthetic column "
+            f"({percent(max(share - error, 0.05))} and {percent(share + error)}) give different values{extra}. "
+            "The model misses the published synthetic runs at 16 and 32 nodes (check.md): differences in the synthetic column "
             "smaller than that miss are not resolved.\n\n"
             + knobs_markdown(ranked, PUBLISHED_32 if name == "perlmutter" else None) + "\n")
     os.makedirs(out_dir, exist_ok=True)
