@@ -160,7 +160,14 @@ spread = StepSpread(ddp, torch.device("cpu"), World())
 step = spread.timed(lambda inputs: ddp(inputs).square().mean().backward())
 for _ in range(12):
     step(torch.randn(64, 256))
-logged = spread.log(TensorBoard(tempfile.mkdtemp(), enabled=True), 12)
+folder = tempfile.mkdtemp()
+tensorboard = TensorBoard(folder, enabled=True)
+logged = spread.log(tensorboard, 12)
+tensorboard.close()
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+events = EventAccumulator(folder)
+events.Reload()
+print("TAGS " + json.dumps(sorted(events.Tags()["scalars"])))
 print("LOGGED " + json.dumps(logged))
 print("RAW " + json.dumps({k: v for k, v in ddp._get_ddp_logging_data().items() if k.startswith("avg_")}))
 """
@@ -187,5 +194,8 @@ def test_ddp_timers_are_logged_beside_the_spread_on_a_real_gloo_group():
     assert logged["ddp_communication_s"] == raw["avg_backward_comm_time"] / 1e9 > 0
     assert logged["ddp_overlap_s"] == raw["avg_backward_compute_comm_overlap_time"] / 1e9
     assert logged["ddp_exposed_s"] == pytest.approx(max(0.0, logged["ddp_communication_s"] - logged["ddp_overlap_s"]))
+    tags = json.loads(next(line for line in lines if line.startswith("TAGS "))[5:])
+    assert {f"Step spread/ddp_{name}" for name in ("forward_s", "backward_s", "communication_s", "overlap_s",
+                                                    "exposed_s")} <= set(tags)
     line = next(line for line in lines if line.startswith("DDP's timers on rank 0"))
     assert f"gradient communication {logged['ddp_communication_s']:.4f} s" in line

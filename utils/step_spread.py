@@ -39,8 +39,8 @@ communication, and how much of that communication overlapped the backward pass (
 
 (two gloo ranks of the demo model, --bucket_cap_mb=1, docs/04-distributed.md)
 
-and to TensorBoard as ``DDP timers/forward_s``, ``backward_s``, ``communication_s``, ``overlap_s`` and
-``exposed_s``. DDP takes them itself (CUDA events on a GPU, the wall clock on a CPU) in iterations
+and to TensorBoard as ``Step spread/ddp_forward_s``, ``ddp_backward_s``, ``ddp_communication_s``,
+``ddp_overlap_s`` and ``ddp_exposed_s``. DDP takes them itself (CUDA events on a GPU, the wall clock on a CPU) in iterations
 1 to 10 and every 100th after (``_set_ddp_runtime_logging_sample_rate`` changes the 100); reading
 them once an epoch costs nothing in the steps.
 
@@ -246,7 +246,7 @@ class StepSpread:
                          "it)", self.world.rank, timers["forward_s"], timers["backward_s"], timers["communication_s"],
                          timers["overlap_s"], timers["exposed_s"])
             for name, value in timers.items():
-                tensorboard.scalar(f"DDP timers/{name}", value, step)
+                tensorboard.scalar(f"Step spread/ddp_{name}", value, step)
             spread.update({f"ddp_{name}": value for name, value in timers.items()})
         return spread
 
