@@ -1015,7 +1015,7 @@ def test_scaling_model_prose_is_that_of_its_report():
     assert f"the loader-alone curve reaches {pct(alone)} of its ideal line at 32 nodes" in text
     assert f"{model.CURVES['real'][32]:.0f} / {model.CURVES['loader_ideal'][32]:.0f} = " \
            f"{100 * model.CURVES['real'][32] / model.CURVES['loader_ideal'][32]:.1f}%" in text
-    assert f"by less than its standard error ({rows[('efficiency_real (README text)', 32)]['sigmas']:.1f})" in text
+    assert f"by less than its standard error ({rows[('efficiency_real (README text)', 32)]['sigmas']:.1f} of it)" in text
     # The runs at local batch 16.
     mean = rows[("4_gpus_local_batch_16 (mean of the 3 runs)", 1)]
     row4 = model.step_time(fitted, 4, 16, report["one_gpu_rate"], bucket_cap_mb=100, broadcast_buffers=False,
