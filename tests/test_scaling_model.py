@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -603,14 +604,12 @@ def test_the_scaling_benchmark_records_the_network_environment(synthetic_data_di
 
 
 def test_the_readme_quotes_the_check():
-    """The README's scaling lines: the synthetic overhead the "around 12%" is compared with, the 8-node point
-    and the verdict's head, as --check computes them."""
-    readme = open(os.path.join(ROOT, "README.md")).read()
+    """The README's scaling numbers are --check's: the 8-node synthetic point, published and predicted, and the
+    original's "around 12%" only ever as the synthetic runs' overhead (its solid against its dotted orange line)."""
+    readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
     rows = {(r["curve"], r["nodes"]): r for r in model.check_rows()}
-    overhead = rows[("comm_overhead_synthetic (README text)", 32)]["model"]
-    assert f"about 12% communication overhead with synthetic data (its `--noddp` line against its DDP line; the " \
-           f"model's synthetic overhead is {100 * overhead:.1f}%)" in readme
     point = rows[("synthetic", 8)]
-    assert f"{point['published']:.0f} samples/s read off its plot, {point['model']:.0f} predicted " \
-           f"({model.signed(point['error'])})" in readme
-    assert model.verdict_line(model.verdict(list(rows.values()))).split(" (reading")[0] in readme
+    assert f"{point['published']:.0f}" in readme
+    assert re.search(rf"\b{point['model']:.0f}( samples/s)? predicted", readme)  # either way the hub words it
+    for sentence in re.findall(r"[^|.]*12% communication overhead[^|.]*", readme):
+        assert "synthetic" in sentence, sentence
