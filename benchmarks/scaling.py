@@ -82,6 +82,12 @@ def folder_name(device, stamp, args):
     return "-".join(filter(None, [device_slug(device), f"{stamp:%Y-%m-%d}", device_slug(variant)]))
 
 
+def network_environment(environ=os.environ):
+    """The NCCL_* and FI_* (libfabric) variables of this environment: a condition of every multi-rank
+    result (algorithms, protocols, the network plugin and its settings), recorded beside it."""
+    return {key: environ[key] for key in sorted(environ) if key.startswith(("NCCL_", "FI_"))}
+
+
 def write_summary(out_dir, index):
     """scaling.json and README.md, rewritten after every point."""
     with open(os.path.join(out_dir, "scaling.json"), "w") as f:
@@ -92,7 +98,9 @@ def write_summary(out_dir, index):
              f"whole job, {plot_scaling.batch_description(index)}; each point is the run named beside it, "
              "whose benchy JSON and log are in this folder.", "",
              plot_scaling.markdown_table(ddp, noddp, index["unit"], plot_scaling.folder_trials(out_dir)), "",
-             "The runs:", ""]
+             "NCCL and libfabric environment: " + (" ".join(f"`{k}={v}`" for k, v in
+                                                          index.get("network_environment", {}).items()) or "none set")
+             + ".", "", "The runs:", ""]
     for point in index["points"]:
         result = f"`{point['file']}`" if "file" in point else f"no result, {point['error']}"
         lines.append(f"- {result}, log `{point['log']}` ({point['mode']}, {point['ranks']} "
@@ -144,6 +152,7 @@ def main(argv=None):
     index = {"device": name, **software(), "date": stamp.isoformat(timespec="seconds"), "unit": preset["unit"],
              "local_batch": None if args.global_batch_size else preset["local_batch"],
              "global_batch": args.global_batch_size, "options": preset["options"], "ddp_options": args.ddp_options,
+             "network_environment": network_environment(env),
              "command": "python -m benchmarks.scaling " + shlex.join(sys.argv[1:] if argv is None else argv),
              "points": []}
     for n in ranks:

@@ -10,7 +10,8 @@ loader's and the network's, checked against the original tutorial's final weak-s
 
 One optimiser step on N GPUs takes
 
-    compute                (local batch / one GPU's samples/s with nothing else to do: synthetic data, --noddp)
+    compute                (local batch / one GPU's samples/s with nothing else to do: synthetic data, --noddp;
+                            its last part, the optimiser's step, after the all-reduce)
   + DDP's work on the GPU  (copying the gradients into the buckets and back, and the all-reduce's NVLink
                             traffic within the node: NCCL's kernels take the SMs and memory bandwidth the
                             backward pass needs, so this does not hide)
@@ -25,19 +26,21 @@ The buckets are DDP's own assignment (``torch.distributed._compute_bucket_assign
 U-Net's real parameters, in the order their gradients become ready, which hooks record during a real
 backward pass together with the share of the backward FLOPs done at that moment. Each bucket's
 all-reduce across nodes starts when its last gradient is ready and the one before it is done, and
-costs what NCCL's own cost model (its src/graph/tuning.cc, of the version the original ran: NCCL_VERSION)
-says of a ring or of a tree, whichever is faster, as NCCL's tuner picks them call by call.
+costs what NCCL 2.15.5's cost model (src/graph/tuning.cc, the version the original ran) says of a ring
+or of a tree, whichever is faster, as NCCL's tuner picks them call by call: NCCL_LATENCY's comment
+names each term's line and the terms left out.
 
 One term is fitted to the original's final curves (NERSC/sc22-dl-tutorial commit 2074095, read off its
 plots by benchmarks/read_scaling_plots.py into benchmarks/sc22_scaling_points.json): the share of
 Slingshot's bandwidth that the all-reduce's bytes reached, one for every job, to the real-data runs at 8,
-16 and 32 nodes together. The latencies are not fitted. Two published points are inputs: one GPU's
-compute (the synthetic --noddp run) and one GPU's loader (the loader-alone ideal line); so is one
-measurement of this code: the share of a step's compute paid once per step whatever the batch
-(PER_STEP_SHARE, from one H100's ladder at batch 64 and 8), which sets the compute at other local batches.
-Seven points are N times an input (the --noddp and loader-alone curves): they check the plots' reading,
-not the model. The rest is predicted; ``--check`` lists every point with its residual and reading error,
-and ends with a verdict.
+16 and 32 nodes together, with its standard error. The latencies are not fitted. Two published points
+are inputs: one GPU's compute (the synthetic --noddp run) and one GPU's loader (the loader-alone ideal
+line); so is one measurement of this code: the share of a step's compute paid once per step whatever
+the batch (PER_STEP_SHARE, from one H100's ladder at batch 64 and 8). Each published point's standard
+error combines its reading error with the run-to-run spread of the original's repeated runs
+(RUN_TO_RUN). ``--check`` lists every point with its residual and errors, judges the independent
+predictions only (the synthetic runs and the runs at local batch 16), and ends with the fit (also with
+the published loader-alone points) and the hypotheses for the misses, each with its test.
 """
 import argparse
 import dataclasses
@@ -95,10 +98,11 @@ class Machine:
     ring_only: bool = False      # across nodes a ring only (gloo, a measured profile); else, as NCCL's tuner
     #                              picks per call, the faster of ring and tree
     loader_shares_network: bool = False  # the loader reads over the network cards the all-reduce uses
-    ring_network_steps_less: int = 0  # a ring all-reduce counts 2(nodes - this) network hops (NCCL's count)
     tree_intra_latency: float = None  # one hop of a tree within a node (None: the ring's)
     tree_inter_latency: float = None  # one hop of a tree between nodes (None: the ring's)
     tree_bw_share: float = 1.0   # the share of the bus bandwidth a tree reaches against a ring
+    ring_plateau: float = 1.0    # a large ring all-reduce across nodes: its latency times this (NCCL: 1.9)
+    tree_correction: tuple = ()  # a tree's bandwidth times entry log2(bytes / 64) (NCCL's Simple row; () none)
 
 
 # Perlmutter's GPU node (https://docs.nersc.gov/systems/perlmutter/architecture/): 4 A100-SXM4-40GB
@@ -109,29 +113,30 @@ class Machine:
 # (4 loaders per node share the node's CPUs and file system: one A100's alone reached 937 samples/s in the
 # original's benchy IO trial).
 #
-# Latencies: NCCL's own cost model (src/graph/tuning.cc, its Simple protocol, which carries the large
-# buckets), of the NCCL the original ran: nccl 2.15.5, which its export_DDP_vars.sh loaded from commit
-# ac5cc0a on (the commit that added the OFI plugin; the final curves ran after it). In that version a
-# ring all-reduce over N ranks on n nodes takes 8.4 us a call plus 2(N-1) steps, 2n of them counted as
-# network hops (9.6 us each) and the rest as NVLink hops (3.4 us); a tree takes 2((N/n - 1) + log2(n))
-# hops of 28 us each (NVLink or network alike, nothing a call) and reaches 0.92 of the bus bandwidth.
-# The tuner takes, call by call, whichever of the two its model says is faster; so does this model.
-# Later versions changed the ring's terms: 2.18 a 14 us network hop and, in a multi-node ring, an NVLink
-# hop of at least 3 x the network's post overhead (2 us on AMD hosts: 6 us); 2.23 counts 2(n-1) network
-# hops. They are here to show what the choice of version moves (report.json's "nccl_versions"); the
-# model uses NCCL_VERSION's.
-NCCL_VERSIONS = {
-    "2.15.5": {"intra_latency": 3.4e-6, "inter_latency": 9.6e-6, "call_latency": 8.4e-6,
-               "ring_network_steps_less": 0},
-    "2.18 (AMD hosts)": {"intra_latency": 6.0e-6, "inter_latency": 14e-6, "call_latency": 8.4e-6,
-                         "ring_network_steps_less": 0},
-    "2.23 (AMD hosts)": {"intra_latency": 6.0e-6, "inter_latency": 14e-6, "call_latency": 8.4e-6,
-                         "ring_network_steps_less": 1},
-}
+# The network: the all-reduce's time as NCCL 2.15.5's tuner computes it for its Simple protocol, which
+# carries the large buckets (src/graph/tuning.cc at tag v2.15.5-1; nccl 2.15.5 is what the original's
+# export_DDP_vars.sh loaded from commit ac5cc0a on, the commit that added the OFI plugin). A ring over N
+# ranks on n nodes: 8.4 us a call (l.56) plus 2(N-1) steps, 2n of them network hops of 9.6 us (l.71, 129-134)
+# and the rest NVLink hops of 3.4 us (l.65), and 2(N-1)/N x bytes / bus bandwidth; across nodes its
+# latency x 1.9 once the message reaches N/16 x 64 KiB (the "plateau", l.325-326). A tree: 2((N/n - 1) +
+# log2(n)) hops of 28 us, NVLink or network alike (l.65, 71, 183-184), nothing a call, and 2 x bytes /
+# (0.92 x bus bandwidth) (l.148), that bandwidth times a factor of the message's size class (l.308-314,
+# 323): TREE_CORRECTION. Within a node NCCL caps Ampere's bus bandwidth at 235 GB/s (l.145). The tuner
+# takes, call by call, the algorithm its model says is faster; so does this model. All-gathers and
+# reduce-scatters (FSDP) have the ring only (l.137): N-1 steps, n-1 of them network hops, (N-1)/N x bytes.
+# Left out: the tree's cap per channel (l.88-92, 148: 17.8 GB/s a channel on Ampere beyond 2 nodes), which
+# needs the channel count only the job's log shows; the bandwidth NCCL takes within the node for jobs
+# of up to 2 nodes (it uses the search's intra-node speed there); the LL and LL128 protocols; and a
+# network plugin's own latency, which replaces both network hops when the plugin reports one (l.167,
+# search.cc:468): NCCL's IB transport reports 0, aws-ofi-nccl's AWS-branch releases of 2022 reported
+# 150 us, and which plugin the original's nccl-2.15.5-plugin build held is not recorded.
 NCCL_VERSION = "2.15.5"
-NCCL_TREE = {"tree_intra_latency": 28e-6, "tree_inter_latency": 28e-6, "tree_bw_share": 0.92}  # every version above
-NCCL_LATENCY = {**NCCL_VERSIONS[NCCL_VERSION], **NCCL_TREE}
-PERLMUTTER = Machine("Perlmutter (4 x A100 per node)", 4, 300.0, 100.0, loader_rate=CURVES["loader"][1] / 4,
+TREE_CORRECTION = (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9)
+NCCL_LATENCY = {"intra_latency": 3.4e-6, "inter_latency": 9.6e-6, "call_latency": 8.4e-6,
+                "tree_intra_latency": 28e-6, "tree_inter_latency": 28e-6, "tree_bw_share": 0.92,
+                "ring_plateau": 1.9, "tree_correction": TREE_CORRECTION}
+AMPERE_BUS_BW = 235.0  # GB/s, NCCL's cap on an A100's ring within a node (NVLink 3's datasheet: 300)
+PERLMUTTER = Machine("Perlmutter (4 x A100 per node)", 4, AMPERE_BUS_BW, 100.0, loader_rate=CURVES["loader"][1] / 4,
                      source="docs.nersc.gov/systems/perlmutter/architecture; NVIDIA A100 datasheet; "
                      "the original's loader-alone curve", memory_bw=1555.0, loader_shares_network=True,
                      **NCCL_LATENCY)
@@ -160,13 +165,18 @@ H100_RESULTS = os.path.join(os.path.dirname(os.path.realpath(__file__)), "result
 H100_RUNG = "gpu-inmem + AMP fp16 + fused Adam"
 
 
-def measured_rate(path=H100_RESULTS, rung=H100_RUNG):
-    """SYNTHETIC samples/s of ``rung`` in a ladder results file."""
+def measured_rate(path=H100_RESULTS, rung=H100_RUNG, trial="synthetic"):
+    """samples/s of ``rung``'s ``trial`` (SYNTHETIC by default) in a ladder results file."""
     with open(path) as f:
-        return next(run["synthetic"] for run in json.load(f)["runs"] if run["name"] == rung)
+        return next(run[trial] for run in json.load(f)["runs"] if run["name"] == rung)
 
 
 H100_RATE = measured_rate()
+# This code's DALI pipeline alone (the IO trial of its loaders' ladder: 8 threads, one H200 machine of 16
+# cores, 2026-11-26): the H100 tables' second loader assumption, against the A100's 937.
+LOADER_RESULTS = os.path.join(os.path.dirname(os.path.realpath(__file__)), "results", "loaders",
+                              "nvidia-h200-2026-11-26.json")
+H100_LOADER_MEASURED = measured_rate(LOADER_RESULTS, "DALI (bf16, fused)", "io")
 
 # A step's compute is a cost per sample plus a cost per step that does not shrink with the batch (kernel
 # launches, the deepest layers' grids too small to fill the GPU). Their split, measured with this code on
@@ -284,29 +294,45 @@ def buckets(network, bucket_cap_mb=25.0, first_bucket_mb=1.0):
             for indices in assignment]
 
 
-def allreduce_time(size, gpus, machine, bandwidth_only=False):
-    """An all-reduce of ``size`` bytes over ``gpus`` GPUs: within a node over NVLink, across nodes over
-    the node's network cards; as NCCL's cost model times it, a ring (a call's latency, 2(N-1)/N x bytes /
-    bus bandwidth and 2(N-1) steps, of which 2(nodes - ring_network_steps_less) wait a network hop and the
-    rest an NVLink hop) or, unless the machine is ``ring_only``, a tree (2 x bytes / (tree_bw_share x bus
-    bandwidth) and 2((N/nodes - 1) + log2(nodes)) tree hops), whichever is faster, as NCCL's tuner picks.
-    ``bandwidth_only``: the time the chosen algorithm's bytes hold the links, no latency."""
+def nccl_times(size, gpus, machine, collective="all-reduce"):
+    """``size`` bytes over ``gpus`` GPUs as NCCL's tuner times them (NCCL_LATENCY's comment): a dict of
+    algorithm -> (bandwidth term s, latency term s), the tree only for an all-reduce across nodes of a
+    machine that is not ``ring_only``. ``collective``: "all-reduce", or "all-gather" / "reduce-scatter"
+    (``size`` the whole tensor's bytes: half an all-reduce's steps and bytes, no plateau)."""
+    nodes = math.ceil(gpus / machine.gpus_per_node)
+    bandwidth = 1e9 * (machine.nvlink_bw if nodes == 1 else min(machine.nvlink_bw, machine.node_network_bw))
+    if collective == "all-reduce":
+        steps, network_steps, moved = 2 * (gpus - 1), 0 if nodes == 1 else min(2 * (gpus - 1), 2 * nodes), 2
+    else:
+        steps, network_steps, moved = gpus - 1, nodes - 1, 1
+    latency = machine.call_latency + (steps - network_steps) * machine.intra_latency \
+        + network_steps * machine.inter_latency
+    if collective == "all-reduce" and nodes > 1 and size >= gpus / 16 * 65536:
+        latency *= machine.ring_plateau
+    times = {"ring": (moved * (gpus - 1) / gpus * size / bandwidth, latency)}
+    if collective == "all-reduce" and nodes > 1 and not machine.ring_only:  # within a node a tree is a chain
+        intra = machine.intra_latency if machine.tree_intra_latency is None else machine.tree_intra_latency
+        inter = machine.inter_latency if machine.tree_inter_latency is None else machine.tree_inter_latency
+        size_class = int(math.log2(max(size, 64) / 64))
+        correction = machine.tree_correction[size_class] if size_class < len(machine.tree_correction) else 1.0
+        per_node = min(gpus, machine.gpus_per_node)
+        times["tree"] = (2 * size / (machine.tree_bw_share * correction * bandwidth),
+                         2 * ((per_node - 1) * intra + math.log2(nodes) * inter))
+    return times
+
+
+def algorithm(size, gpus, machine):
+    """The all-reduce's algorithm NCCL's tuner would take (its model, not a measurement)."""
+    return min(nccl_times(size, gpus, machine).items(), key=lambda item: sum(item[1]))[0]
+
+
+def allreduce_time(size, gpus, machine, bandwidth_only=False, collective="all-reduce"):
+    """A collective of ``size`` bytes over ``gpus`` GPUs: within a node over NVLink, across nodes over the
+    node's network cards, in the algorithm NCCL's tuner takes (nccl_times). ``bandwidth_only``: that
+    algorithm's bandwidth term alone, the time its bytes hold the links."""
     if gpus == 1:
         return 0.0
-    nodes = math.ceil(gpus / machine.gpus_per_node)
-    per_node = min(gpus, machine.gpus_per_node)
-    bandwidth = 1e9 * (machine.nvlink_bw if nodes == 1 else min(machine.nvlink_bw, machine.node_network_bw))
-    steps = 2 * (gpus - 1)
-    network_steps = 0 if nodes == 1 else min(steps, 2 * (nodes - machine.ring_network_steps_less))
-    ring = (2 * (gpus - 1) / gpus * size / bandwidth,
-            machine.call_latency + (steps - network_steps) * machine.intra_latency
-            + network_steps * machine.inter_latency)
-    if machine.ring_only or nodes == 1:  # within a node a tree is a chain of as many hops: never faster
-        return ring[0] if bandwidth_only else sum(ring)
-    intra = machine.intra_latency if machine.tree_intra_latency is None else machine.tree_intra_latency
-    inter = machine.inter_latency if machine.tree_inter_latency is None else machine.tree_inter_latency
-    tree = (2 * size / (machine.tree_bw_share * bandwidth), 2 * ((per_node - 1) * intra + math.log2(nodes) * inter))
-    chosen = min(ring, tree, key=sum)
+    chosen = min(nccl_times(size, gpus, machine, collective).values(), key=sum)
     return chosen[0] if bandwidth_only else sum(chosen)
 
 
@@ -351,9 +377,37 @@ def comm_timeline(jobs, start=0.0):
     return end
 
 
+# The optimiser's step runs once per optimiser step, after DDP's reducer has waited for every bucket:
+# it cannot hide the all-reduce. Its time is estimated, not measured, as the bytes it moves through
+# the GPU's memory: fused Adam reads the parameter, its gradient and two moments and writes the
+# parameter and the moments (28 B a parameter in fp32), and fp16's GradScaler reads and writes each
+# gradient to unscale it (8 B). It is part of the measured per-step cost (PER_STEP_SHARE).
+OPTIMISER_BYTES_PER_PARAMETER = 28 + 8
+
+
+def optimiser_time(gradient_bytes, machine):
+    """Seconds of the optimiser's step for ``gradient_bytes`` of fp32 gradients (none on a CPU machine,
+    whose measured step holds it)."""
+    if machine.memory_bw is None:
+        return 0.0
+    return OPTIMISER_BYTES_PER_PARAMETER * gradient_bytes / 4 / (1e9 * machine.memory_bw)
+
+
+def fsdp_units(network):
+    """train.py's FSDP units (utils/distributed.py's shard_model): one per U-Net block (``down.i``,
+    ``up.i``) and the root holding the rest; (bytes, ready) each, in the order their gradients are ready."""
+    units = {}
+    for g in network.gradients:
+        parts = g.name.split(".")
+        key = ".".join(parts[:2]) if parts[0] in ("down", "up") else "root"
+        size, ready = units.get(key, (0, 0.0))
+        units[key] = (size + g.bytes, max(ready, g.ready))
+    return sorted(units.values(), key=lambda unit: unit[1])
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
-    compute: float       # s, one GPU's compute for one optimiser step (all its micro-batches)
+    compute: float       # s, one GPU's compute for one optimiser step (all its micro-batches, the optimiser)
     exposed: float       # s, network communication the backward pass does not hide
     broadcast: float     # s
     step: float          # s, the whole step with its data on the GPU (synthetic data)
@@ -362,6 +416,7 @@ class Step:
     ddp_gpu: float = 0.0  # s, DDP's work on the GPU (ddp_gpu_time)
     loader: float = 0.0  # s, the loader's time for the step's samples, plus the network's bytes where it shares it
     synthetic_samples_per_s: float = 0.0  # of the whole job, without the loader's bound
+    optimiser: float = 0.0  # s, the optimiser's step, part of compute, after the backward pass
 
 
 def step_time(machine, gpus, local_batch, one_gpu_rate, network=None, bucket_cap_mb=25.0, first_bucket_mb=1.0,
@@ -371,40 +426,44 @@ def step_time(machine, gpus, local_batch, one_gpu_rate, network=None, bucket_cap
 
     DDP: each bucket's all-reduce starts when its last gradient is ready (forward, then that share of
     the backward) and the bucket before it is done; what runs past the end of the backward pass is
-    exposed. ``ddp_comm_hook`` bf16 or fp16 halves the bytes on the wire. ``grad_accum_steps`` K, as
-    train.py's flag does it (utils/accumulation.py): the local batch is split into K micro-batches of
-    ``local_batch`` / K, run one after the other; the step's samples and the loader's work stay those of
-    ``local_batch``, each micro-batch pays the compute's per-step cost again (compute_time), and the one
-    all-reduce per bucket is that of the last micro-batch's backward pass, which alone can hide it.
-    ``parallel="fsdp"`` (no buckets, no comm hook, no broadcast: those are DDP's): each
-    parameter tensor is sharded, so the forward all-gathers every one (overlapping the forward
-    compute), the backward all-gathers them again (prefetched from its start) and reduce-scatters each
-    gradient once it is ready; an all-gather and a reduce-scatter each cost half an all-reduce.
+    exposed, and the optimiser's step (optimiser_time) comes after it. ``ddp_comm_hook`` bf16 or fp16
+    halves the bytes on the wire. ``grad_accum_steps`` K, as train.py's flag does it
+    (utils/accumulation.py): the local batch is split into K micro-batches of ``local_batch`` / K, run one
+    after the other; the step's samples and the loader's work stay those of ``local_batch``, each
+    micro-batch pays the compute's per-step cost again but the optimiser's once, and the one all-reduce
+    per bucket is that of the last micro-batch's backward pass, which alone can hide it.
+    ``parallel="fsdp"`` (no buckets, no comm hook, no broadcast: those are DDP's): one unit per U-Net
+    block and the root (fsdp_units); the forward all-gathers every unit (overlapping the forward compute),
+    the backward all-gathers them again (prefetched from its start) and reduce-scatters each unit's
+    gradients once they are ready; both are ring collectives (NCCL 2.15.5 has no tree for them).
     """
     network = network or unet()
-    micro = compute_time(local_batch / grad_accum_steps, one_gpu_rate, rate_batch)
-    before = (grad_accum_steps - 1) * micro  # the micro-batches whose backward passes skip the all-reduce
-    compute = before + micro
-    forward = before + micro * network.forward_share
-    backward = compute - forward
     total_bytes = sum(g.bytes for g in network.gradients)
+    optimiser = optimiser_time(total_bytes, machine)
+    micro = compute_time(local_batch / grad_accum_steps, one_gpu_rate, rate_batch) - optimiser  # forward, backward
+    backward_end = grad_accum_steps * micro
+    compute = backward_end + optimiser
+    forward = backward_end - micro * (1 - network.forward_share)
+    backward = backward_end - forward
     if parallel == "fsdp":
-        units = [(g.bytes, g.ready) for g in network.gradients]
-        half = [allreduce_time(size, gpus, machine) / 2 for size, _ in units]
-        forward_wait = max(0.0, sum(half) - micro * network.forward_share)  # the all-gathers outrun the forward
-        reduce_scatters = [(forward + ready * backward, cost) for (_, ready), cost in zip(units, half)]
-        end = comm_timeline([(forward, sum(half))] + reduce_scatters)
-        exposed = forward_wait + max(0.0, end - compute)
+        units = fsdp_units(network)
+        gather = [allreduce_time(size, gpus, machine, collective="all-gather") for size, _ in units]
+        forward_wait = max(0.0, sum(gather) - micro * network.forward_share)  # the all-gathers outrun the forward
+        reduce_scatters = [(forward + ready * backward,
+                            allreduce_time(size, gpus, machine, collective="reduce-scatter")) for size, ready in units]
+        end = comm_timeline([(forward, sum(gather))] + reduce_scatters)
+        exposed = forward_wait + max(0.0, end - backward_end)
         # Its collectives run on the GPU's SMs as DDP's do: copies in and out, and 1.5 times DDP's bytes over
         # NVLink within the node.
         broadcast, count, ddp_gpu = 0.0, len(units), ddp_gpu_time(total_bytes, gpus, machine, 1.5)
-        busy = 1.5 * allreduce_time(total_bytes, gpus, machine, bandwidth_only=True)
+        busy = sum(allreduce_time(size, gpus, machine, True, c) for size, _ in units
+                   for c in ("all-gather", "all-gather", "reduce-scatter")) if gpus > machine.gpus_per_node else 0.0
     else:
         scale = 0.5 if ddp_comm_hook in ("bf16", "fp16") else 1.0
         cut = buckets(network, bucket_cap_mb, first_bucket_mb)
         end = comm_timeline([(forward + ready * backward, network_time(scale * size, gpus, machine))
                              for size, ready in cut])
-        exposed = max(0.0, end - compute)
+        exposed = max(0.0, end - backward_end)
         broadcast = broadcast_time(network.buffer_bytes, gpus, machine) if broadcast_buffers else 0.0
         count = len(cut)
         ddp_gpu = ddp_gpu_time(total_bytes, gpus, machine, scale)
@@ -416,7 +475,7 @@ def step_time(machine, gpus, local_batch, one_gpu_rate, network=None, bucket_cap
         crossing = gpus > machine.gpus_per_node and machine.loader_shares_network
         loader = local_batch / machine.loader_rate + (busy if crossing else 0.0)
     return Step(compute, exposed, broadcast, max(step, loader), samples / max(step, loader), count, ddp_gpu,
-                loader, samples / step)
+                loader, samples / step, optimiser)
 
 
 def solve(function, target, low, high, steps=60):
@@ -431,18 +490,21 @@ def solve(function, target, low, high, steps=60):
     return (low + high) / 2
 
 
-def fitted_machine(share, machine=PERLMUTTER, ring_only=False, nccl=None):
+def fitted_machine(share, machine=PERLMUTTER, ring_only=False, **changes):
     """``machine`` with its network at ``share`` of the datasheet's bandwidth between nodes, whatever the
     job's size; across nodes the faster of ring and tree call by call (NCCL's tuner) or, ``ring_only``, a
-    ring; the latencies of NCCL version ``nccl`` (None: NCCL_VERSION's, the machine's)."""
-    latencies = NCCL_VERSIONS[nccl] if nccl else {}
+    ring; ``changes``: other fields replaced (a hypothesis's latencies)."""
     return dataclasses.replace(machine, node_network_bw=machine.node_network_bw * share, ring_only=ring_only,
-                               **latencies)
+                               **changes)
 
 
-def curve_model(curve, nodes, machine, rate=A100_RATE, local_batch=64):
-    """The model's samples/s for one of the original's curves at ``nodes`` Perlmutter nodes."""
+def curve_model(curve, nodes, machine, rate=A100_RATE, local_batch=64, loader="ideal"):
+    """The model's samples/s for one of the original's curves at ``nodes`` Perlmutter nodes. ``loader``:
+    "ideal", one GPU's loader times N (the loader-alone ideal line); "published", the loader-alone
+    curve's own point where the plots show it (16 and 32 nodes)."""
     gpus = nodes * machine.gpus_per_node
+    if loader == "published" and nodes in CURVES["loader"] and nodes > 1:
+        machine = dataclasses.replace(machine, loader_rate=CURVES["loader"][nodes] / gpus)
     if curve == "synthetic_noddp":
         return gpus * rate
     if curve in ("loader", "loader_ideal"):
@@ -453,92 +515,101 @@ def curve_model(curve, nodes, machine, rate=A100_RATE, local_batch=64):
     return step.synthetic_samples_per_s if curve == "synthetic" else step.samples_per_s
 
 
+# What the original published besides the curves: its final README's text (32 nodes, local batch 64: "around
+# 84%" for the real-data efficiency, "around 12%" for the communication overhead of the synthetic runs, the
+# solid against the dotted orange line) and the runs at local batch 16 that every README from commit 6608f46
+# (2022-11-11) to the last holds, run under nsys (ENABLE_PROFILING=1): each run's two logged epochs (2 and
+# 3), with its GPUs, --bucket_cap_mb (25: the default) and broadcast_buffers.
+TEXT = {"efficiency_real": 0.84, "comm_overhead_synthetic": 0.12}
+RUNS_16 = (
+    {"gpus": 4, "bucket_cap_mb": 25, "broadcast_buffers": True, "epochs": (2004.6, 1923.9)},
+    {"gpus": 4, "bucket_cap_mb": 25, "broadcast_buffers": False, "epochs": (2037.1, 2037.1)},
+    {"gpus": 4, "bucket_cap_mb": 100, "broadcast_buffers": False, "epochs": (2059.1, 2056.8)},
+    {"gpus": 8, "bucket_cap_mb": 25, "broadcast_buffers": True, "epochs": (3501.1, 3353.3)},
+    {"gpus": 8, "bucket_cap_mb": 100, "broadcast_buffers": False, "epochs": (3529.3, 3588.4)},
+)
+
+
+def run_name(run):
+    bucket = "" if run["bucket_cap_mb"] == 25 else f"_bucket_{run['bucket_cap_mb']}"
+    return f"{run['gpus']}_gpus_local_batch_16{bucket}" + ("" if run["broadcast_buffers"] else "_no_broadcast")
+
+
+def run_to_run(runs=RUNS_16):
+    """How far two runs of one setting differ: the relative standard deviation of the 4-GPU runs' logged
+    epochs, which the model holds to be one setting (within a node the buckets and the broadcast change
+    nothing in it: the U-Net has no buffers). Taken to hold for every published point."""
+    values = [v for run in runs if run["gpus"] == 4 for v in run["epochs"]]
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) / mean
+
+
+RUN_TO_RUN = run_to_run()
+
+
+def sigma(published, reading):
+    """A published samples/s point's standard error, relative: its reading error and the run-to-run
+    spread combined."""
+    return math.hypot(reading / published, RUN_TO_RUN)
+
+
 # The points the one fitted term is fitted to: the real-data runs, where the step is the loader's time plus
 # the time the all-reduce's bytes hold the network, so the share sets them (the synthetic runs hide most
 # of the network behind the backward pass and are predicted).
 FIT_POINTS = (("real", 8), ("real", 16), ("real", 32))
 
 
-def share_to(curve, nodes, **network):
+def share_to(curve, nodes, loader="ideal", **network):
     """The network share that makes the model meet one published point alone (``network``: fitted_machine's
-    ring_only and nccl)."""
-    return solve(lambda s: curve_model(curve, nodes, fitted_machine(s, **network)), CURVES[curve][nodes], 0.05, 4.0)
+    ring_only and changes)."""
+    return solve(lambda s: curve_model(curve, nodes, fitted_machine(s, **network), loader=loader),
+                 CURVES[curve][nodes], 0.05, 4.0)
+
+
+def misfit(share, points=FIT_POINTS, loader="ideal", **network):
+    """The sum of the squared residuals at ``points``, each in units of its standard error."""
+    machine = fitted_machine(share, **network)
+    return sum(((curve_model(c, n, machine, loader=loader) / CURVES[c][n] - 1) / sigma(CURVES[c][n], READING_ERROR))
+               ** 2 for c, n in points)
+
+
+def fit(points=FIT_POINTS, loader="ideal", ring_only=False, **changes):
+    """The one fitted term and its standard error: the share of Slingshot's 100 GB/s per node that the
+    all-reduce's bytes reached, the same in every job, minimising the squared residuals at ``points`` in
+    units of their standard errors (sigma); its error from the curvature of that sum (the points taken as
+    independent). ``loader``, ``ring_only``, ``changes``: curve_model's and fitted_machine's."""
+    return _fit(points, loader, ring_only, tuple(sorted(changes.items())))
 
 
 @functools.lru_cache(maxsize=None)
-def fit(points=FIT_POINTS, ring_only=False, nccl=None):
-    """The one fitted term: the share of Slingshot's 100 GB/s per node that the all-reduce's bytes reached,
-    the same in every job, chosen to minimise the squares of the residuals at ``points`` in units of their
-    reading errors (each residual falls as the share grows, so the sum has one minimum between the shares
-    that meet each point alone). ``ring_only``, ``nccl``: fitted_machine's."""
-    def misfit(share):
-        machine = fitted_machine(share, ring_only=ring_only, nccl=nccl)
-        return sum(((curve_model(c, n, machine) - CURVES[c][n]) / READING_ERROR) ** 2 for c, n in points)
-
-    alone = [share_to(*point, ring_only=ring_only, nccl=nccl) for point in points]
+def _fit(points, loader, ring_only, changes):
+    network = {"ring_only": ring_only, **dict(changes)}
+    alone = [share_to(*point, loader=loader, **network) for point in points]
     low, high = min(alone), max(alone)
     for _ in range(60):  # golden-section search for the minimum
         a, b = low + 0.382 * (high - low), high - 0.382 * (high - low)
-        low, high = (low, b) if misfit(a) < misfit(b) else (a, high)
-    return (low + high) / 2
+        better = misfit(a, points, loader, **network) < misfit(b, points, loader, **network)
+        low, high = (low, b) if better else (a, high)
+    share = (low + high) / 2
+    h = 0.01 * share
+    curvature = (misfit(share + h, points, loader, **network) - 2 * misfit(share, points, loader, **network)
+                 + misfit(share - h, points, loader, **network)) / h ** 2
+    return share, math.sqrt(2 / curvature)
 
 
-def range_machines(base=PERLMUTTER):
-    """The networks the published points allow, for the knob tables' ranges: NCCL's tuner's choice of ring
-    or tree (the model), and a ring only (which the published synthetic runs at 16 and 32 nodes come closer
-    to), each with the one share fitted for it."""
-    return [fitted_machine(fit(ring_only=ring), base, ring_only=ring) for ring in (False, True)]
+def row_16(machine, run):
+    """samples/s of one run at local batch 16 (RUNS_16)."""
+    return step_time(machine, run["gpus"], 16, A100_RATE, bucket_cap_mb=run["bucket_cap_mb"],
+                     broadcast_buffers=run["broadcast_buffers"], rate_batch=RATE_BATCH).samples_per_s
 
 
-# The curves' points that tell the network apart, and the row that asks for a step in the share.
-ALTERNATIVE_POINTS = (("real", 8), ("real", 16), ("real", 32), ("synthetic", 8), ("synthetic", 16), ("synthetic", 32))
-
-
-def nccl_alternatives():
-    """What the NCCL version and the algorithm move: for each version in NCCL_VERSIONS, with the tuner's
-    choice and with a ring only, the one share fitted and the residuals at ALTERNATIVE_POINTS and at the
-    8-GPU row at local batch 16."""
-    results = []
-    for nccl in NCCL_VERSIONS:
-        for ring in (False, True):
-            share = fit(ring_only=ring, nccl=nccl)
-            machine = fitted_machine(share, ring_only=ring, nccl=nccl)
-            residuals = {f"{c} {n}": curve_model(c, n, machine) / CURVES[c][n] - 1 for c, n in ALTERNATIVE_POINTS}
-            residuals["8_gpus_local_batch_16"] = row_16(machine, 8) / ROWS_16[8][0] - 1
-            results.append({"nccl": nccl, "algorithm": "ring" if ring else "ring or tree (NCCL's tuner)",
-                            "share": share, "residuals": residuals})
-    return results
-
-
-def row_16(machine, gpus):
-    """samples/s of the rows at local batch 16 (100 MB buckets, no broadcast) on ``gpus`` GPUs."""
-    return step_time(machine, gpus, 16, A100_RATE, bucket_cap_mb=100, broadcast_buffers=False,
-                     rate_batch=RATE_BATCH).samples_per_s
-
-
-# The step between 8 and 16 nodes, a hypothesis: the 2-node row at local batch 16 (ROWS_16) asks for
-# a larger share than the one fitted (its step is the only published one that needs two); the 16- and
-# 32-node real-data runs do not.
-def step_hypothesis():
-    """The share the 8-GPU row at local batch 16 asks for alone, and its residual with the fitted share."""
-    share = solve(lambda s: row_16(fitted_machine(s), 8), ROWS_16[8][0], 0.05, 4.0)
-    return {"share_for_2_node_row": share, "residual": row_16(fitted_machine(fit()), 8) / ROWS_16[8][0] - 1}
-
-
-# What the original published besides the curves: its final README's text (32 nodes, local batch 64) and the
-# rows at local batch 16 (--bucket_cap_mb 100, --disable_broadcast_buffers) that every README from commit
-# 6608f46 (2022-11-11) to the last holds, run under nsys (ENABLE_PROFILING=1): each the samples/s it quotes
-# and the other epoch its log shows (epochs 2 and 3), whose difference is the row's run-to-run spread.
-TEXT = {"efficiency_real": 0.84, "comm_overhead_real": 0.12}
-ROWS_16 = {4: (2059.1, 2056.8), 8: (3588.4, 3529.3)}
 INPUTS = {("synthetic_noddp", 32): "input: one GPU's compute", ("loader_ideal", 32): "input: one GPU's loader"}
 # Curves whose points the model gives as N times an input: they check the plot's reading, not the model.
 N_TIMES_AN_INPUT = {"synthetic_noddp": "N x one GPU's compute", "real_noddp": "N x one GPU's loader",
                     "loader": "N x one GPU's loader"}
-# A point passes --check's verdict when its residual is within this many reading errors (the reader's
-# for the plots' points, half a point of rounding for the README's text, the run's epoch-to-epoch spread
-# for the local-batch-16 rows).
-VERDICT_READINGS = 3
+# --check's verdict judges the independent predictions only (the synthetic runs and the runs at local batch
+# 16): a prediction passes within this many standard errors (reading and run-to-run combined).
+VERDICT_SIGMAS = 2
 
 
 def term(curve, nodes):
@@ -546,24 +617,27 @@ def term(curve, nodes):
         return INPUTS[(curve, nodes)]
     if (curve, nodes) in FIT_POINTS:
         return "fitted: the one network share"
-    return N_TIMES_AN_INPUT.get(curve, "predicted")
+    if curve.startswith(RATIO_CURVES):
+        return "derived: a ratio of the curves' points"
+    return N_TIMES_AN_INPUT.get(curve, "predicted, judged")
 
 
 def check_rows(share=None):
-    """Every published point of the final curves (and the text's and the local-batch-16 rows' numbers) with
-    the model's value: dicts with curve, nodes, published, model, fitted (an input or a fitted point),
+    """Every published point of the final curves (and the text's and the local-batch-16 runs' numbers)
+    with the model's value: dicts with curve, nodes, published, model, fitted (an input or a fitted point),
     term, error (the residual: relative for samples/s, in points for the ratios), reading (the reading
-    error, alike) and readings (|error| / reading)."""
-    machine = fitted_machine(fit() if share is None else share)
+    error, alike), sigma (reading and run-to-run combined) and sigmas (|error| / sigma)."""
+    machine = fitted_machine(fit()[0] if share is None else share)
     rows = []
 
-    def add(curve, nodes, published, model, ratio=False, reading=None):
-        name = term(curve, nodes)
+    def add(curve, nodes, published, model, ratio=False, reading=None, run=RUN_TO_RUN, name=None):
+        name = name or term(curve, nodes)
         error = model - published if ratio else model / published - 1
         reading = reading if reading is not None else READING_ERROR / published
+        combined = math.hypot(reading, run)
         rows.append({"curve": curve, "nodes": nodes, "published": published, "model": model,
                      "fitted": name.startswith(("input", "fitted")), "term": name, "error": error,
-                     "reading": reading, "readings": abs(error) / reading})
+                     "reading": reading, "sigma": combined, "sigmas": abs(error) / combined})
 
     for curve in ("real", "synthetic", "real_noddp", "synthetic_noddp", "loader"):
         for nodes, value in sorted(CURVES[curve].items()):
@@ -573,42 +647,52 @@ def check_rows(share=None):
             add(curve, nodes, value, curve_model(curve, nodes, machine),
                 reading=READING_ERROR / (32 * value) if from_ideal else None)
     add("loader_ideal", 32, CURVES["loader_ideal"][32], curve_model("loader_ideal", 32, machine))
+    overhead = {}
     for kind in ("real", "synthetic"):
         for nodes, value in CURVES[f"{kind}_noddp"].items():
             if nodes in CURVES[kind]:
+                ratio = CURVES[kind][nodes] / value
                 model = 1 - curve_model(kind, nodes, machine) / curve_model(f"{kind}_noddp", nodes, machine)
-                add(f"comm_overhead_{kind}", nodes, 1 - CURVES[kind][nodes] / value, model, ratio=True,
-                    reading=2 * READING_ERROR / value)
+                overhead[(kind, nodes)] = model
+                add(f"comm_overhead_{kind}", nodes, 1 - ratio, model, ratio=True,
+                    reading=2 * READING_ERROR / value, run=math.sqrt(2) * RUN_TO_RUN * ratio)
     real = {n: curve_model("real", n, machine) for n in (1, 32)}
-    add("efficiency_real (README text)", 32, TEXT["efficiency_real"], real[32] / (32 * real[1]), ratio=True,
-        reading=0.005)
-    add("comm_overhead_real (README text)", 32, TEXT["comm_overhead_real"],
-        1 - real[32] / curve_model("real_noddp", 32, machine), ratio=True, reading=0.005)
-    for gpus, (value, other_epoch) in ROWS_16.items():
-        add(f"{gpus}_gpus_local_batch_16", gpus // 4, value, row_16(machine, gpus),
-            reading=abs(other_epoch / value - 1))
+    efficiency = real[32] / (32 * real[1])
+    add("efficiency_real (README text)", 32, TEXT["efficiency_real"], efficiency, ratio=True, reading=0.005,
+        run=math.sqrt(2) * RUN_TO_RUN * efficiency)
+    add("comm_overhead_synthetic (README text)", 32, TEXT["comm_overhead_synthetic"], overhead[("synthetic", 32)],
+        ratio=True, reading=0.005, run=math.sqrt(2) * RUN_TO_RUN * (1 - overhead[("synthetic", 32)]))
+    four = [run for run in RUNS_16 if run["gpus"] == 4]
+    for run in RUNS_16:
+        add(run_name(run), run["gpus"] // 4, sum(run["epochs"]) / 2, row_16(machine, run), reading=0.0,
+            name="the run-to-run estimate" if run in four else "predicted, judged")
+    add("4_gpus_local_batch_16 (mean of the 3 runs)", 1, sum(sum(r["epochs"]) for r in four) / (2 * len(four)),
+        row_16(machine, four[0]), reading=0.0, run=RUN_TO_RUN / math.sqrt(len(four)), name="predicted, judged")
     return rows
 
 
+def judged(row):
+    return row["term"] == "predicted, judged"
+
+
 def verdict(rows):
-    """PASS when every point that is not an input is within VERDICT_READINGS of its reading errors; the
-    points that miss, worst first, with their residual in reading errors."""
-    misses = sorted((r for r in rows if not r["term"].startswith("input") and r["readings"] > VERDICT_READINGS),
-                    key=lambda r: -r["readings"])
-    checked = sum(not r["term"].startswith("input") for r in rows)
-    return {"pass": not misses, "checked": checked, "within": checked - len(misses),
-            "tolerance_readings": VERDICT_READINGS,
-            "misses": [{"curve": r["curve"], "nodes": r["nodes"], "error": r["error"], "readings": r["readings"]}
+    """The verdict on the independent predictions (judged): PASS when each is within VERDICT_SIGMAS of its
+    standard errors; the ones that miss, worst first."""
+    predictions = [r for r in rows if judged(r)]
+    misses = sorted((r for r in predictions if r["sigmas"] > VERDICT_SIGMAS), key=lambda r: -r["sigmas"])
+    return {"pass": not misses, "checked": len(predictions), "within": len(predictions) - len(misses),
+            "tolerance_sigmas": VERDICT_SIGMAS,
+            "misses": [{"curve": r["curve"], "nodes": r["nodes"], "error": r["error"], "sigmas": r["sigmas"]}
                        for r in misses]}
 
 
 def verdict_line(result):
-    """One line: PASS or FAIL, how many points are within tolerance, and each miss."""
-    head = (f"verdict: {'PASS' if result['pass'] else 'FAIL'}: {result['within']} of {result['checked']} points "
-            f"within {result['tolerance_readings']} times their reading error")
-    misses = [f"{m['curve']} at {m['nodes']} nodes {100 * m['error']:+.1f}"
-              f"{' points' if m['curve'].startswith(RATIO_CURVES) else '%'} "
-              f"({m['readings']:.1f} times its reading error)" for m in result["misses"]]
+    """One line: PASS or FAIL, how many independent predictions are within tolerance, and each miss."""
+    head = (f"verdict on the {result['checked']} independent predictions: {'PASS' if result['pass'] else 'FAIL'}: "
+            f"{result['within']} of {result['checked']} within {result['tolerance_sigmas']} standard errors "
+            "(reading and run-to-run)")
+    misses = [f"{m['curve']} at {m['nodes']} nodes {100 * m['error']:+.1f}% ({m['sigmas']:.1f} standard errors)"
+              for m in result["misses"]]
     return head + ("; missed: " + ", ".join(misses) if misses else "")
 
 
@@ -626,6 +710,8 @@ KNOBS = [
     ("--disable_broadcast_buffers", {"broadcast_buffers": False}),
     ("--ddp_comm_hook=bf16", {"ddp_comm_hook": "bf16"}),
     ("--parallel=fsdp", {"parallel": "fsdp"}),
+    # Accumulation's use: a local batch larger than fits, here 128 in micro-batches of the baseline's 64.
+    ("--local_batch_size=128 --grad_accum_steps=2", {"local_batch": 128, "grad_accum_steps": 2}),
 ]
 DDP_ONLY = {"bucket_cap_mb", "broadcast_buffers", "ddp_comm_hook"}
 
@@ -655,29 +741,42 @@ def knob_settings():
         chosen = [k for k in choice if k[0]]
         if any("parallel" in k for _, k in chosen) and any(set(k) & DDP_ONLY for _, k in chosen):
             continue
-        if len(chosen) > 1:
+        if len(chosen) > 1 and " ".join(name for name, _ in chosen) not in dict(settings):
             settings.append((" ".join(name for name, _ in chosen),
                              {key: value for _, k in chosen for key, value in k.items()}))
     return settings
 
 
 def knob_table(machine_name="perlmutter", network=None):
-    """Each knob's efficiency at 32 nodes as a range: over the networks the published points allow
-    (range_machines), at one GPU's compute rate (ONE_GPU_RATE).
-    With ``network`` (a measured Machine) the one network given. Each knob alone best first (by real
-    data), then the best combination. Rows: (name, (real low, real high), (synthetic low, high))."""
+    """Each knob's efficiency at 32 nodes as a band: the network at the fitted share less and plus its
+    standard error, at one GPU's compute rate (ONE_GPU_RATE); with ``network`` (a measured Machine) that
+    one network. Each knob alone best first (by real data), then the best combination. Rows: (name,
+    {column: (low, high)}), the columns "real" and "synthetic" and, on the H100, "real, DALI measured"
+    (the loader at this code's DALI rate, H100_LOADER_MEASURED)."""
     base = MACHINES[machine_name]
-    rates = [ONE_GPU_RATE[machine_name]]
-    machines = [network] if network else range_machines(base)
+    rate = ONE_GPU_RATE[machine_name]
+    if network:
+        machines = [network]
+    else:
+        share, error = fit()
+        machines = [fitted_machine(max(share - error, 0.05), base), fitted_machine(share + error, base)]
+    loaders = {"real": None}
+    if machine_name == "h100" and not network:
+        loaders["real, DALI measured"] = H100_LOADER_MEASURED
     rows = []
     for name, knob in knob_settings():
-        values = [knob_efficiency(m, rate, knob) for m in machines for rate in rates]
-        rows.append((name, (min(v[0] for v in values), max(v[0] for v in values)),
-                     (min(v[1] for v in values), max(v[1] for v in values))))
-    ranked = sorted(rows, key=lambda row: (-round(sum(row[1]), 3), -round(sum(row[2]), 3), row[0].count("--")))
-    singles = [row for row in ranked if row[0].count("--") <= 1]
-    combined = [row for row in ranked if row[0].count("--") > 1]
-    return singles + combined[:1]
+        columns = {}
+        for column, loader in loaders.items():
+            values = [knob_efficiency(dataclasses.replace(m, loader_rate=loader) if loader else m, rate, knob)
+                      for m in machines]
+            columns[column] = (min(v[0] for v in values), max(v[0] for v in values))
+        values = [knob_efficiency(m, rate, knob) for m in machines]
+        columns["synthetic"] = (min(v[1] for v in values), max(v[1] for v in values))
+        rows.append((name, columns))
+    singles = [name for name, _ in KNOBS]
+    ranked = sorted(rows, key=lambda row: (-round(sum(row[1]["real"]), 3), -round(sum(row[1]["synthetic"]), 3),
+                                           row[0].count("--")))
+    return [row for row in ranked if row[0] in singles] + [row for row in ranked if row[0] not in singles][:1]
 
 
 def scaling_table(machine, local_batch, one_gpu_rate, counts=GPU_COUNTS, rate_batch=RATE_BATCH, **options):
@@ -713,7 +812,8 @@ def network_profile(path, base=PERLMUTTER):
     name = f"{base.name}, network measured ({profile.get('backend', '?')}, {ranks} ranks on {profile['nodes']} nodes)"
     if profile["nodes"] > 1:
         return dataclasses.replace(base, name=name, node_network_bw=float(profile["busbw_GBps"]),
-                                   intra_latency=hop, inter_latency=hop, ring_only=True, source=path)
+                                   intra_latency=hop, inter_latency=hop, ring_only=True, source=path,
+                                   ring_plateau=1.0)  # measured: no term of NCCL's model on top
     return dataclasses.replace(base, name=name, nvlink_bw=float(profile["busbw_GBps"]), intra_latency=hop,
                                source=path)
 
@@ -724,7 +824,7 @@ def resolve_machine(name, network_share="fitted", network=None):
     machine than Perlmutter an assumption). Returns the machine and the share used (None when measured)."""
     if network:
         return network_profile(network, MACHINES[name]), None
-    share = fit() if network_share == "fitted" else float(network_share)
+    share = fit()[0] if network_share == "fitted" else float(network_share)
     return fitted_machine(share, MACHINES[name]), share
 
 
@@ -748,16 +848,17 @@ def is_ratio(row):
 
 
 def check_markdown(rows):
-    lines = ["| curve | nodes | published | model | residual | reading error | residual / reading error | term |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| curve | nodes | published | model | residual | reading error | standard error | residual / standard "
+             "error | term |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if is_ratio(r):
             values = [percent(r["published"]), percent(r["model"]), f"{100 * r['error']:+.1f} points".replace(
-                "-0.0", "+0.0"), f"±{100 * r['reading']:.1f} points"]
+                "-0.0", "+0.0"), f"±{100 * r['reading']:.1f} points", f"±{100 * r['sigma']:.1f} points"]
         else:
-            values = [f"{r['published']:.0f}", f"{r['model']:.0f}", signed(r["error"]), f"±{100 * r['reading']:.1f}%"]
+            values = [f"{r['published']:.0f}", f"{r['model']:.0f}", signed(r["error"]), f"±{100 * r['reading']:.1f}%",
+                      f"±{100 * r['sigma']:.1f}%"]
         term = f"**{r['term']}**" if r["fitted"] else r["term"]
-        lines.append(f"| {r['curve']} | {r['nodes']} | " + " | ".join(values) + f" | {r['readings']:.1f} | {term} |")
+        lines.append(f"| {r['curve']} | {r['nodes']} | " + " | ".join(values) + f" | {r['sigmas']:.1f} | {term} |")
     return "\n".join(lines)
 
 
@@ -773,13 +874,85 @@ def scaling_markdown(rows):
     return "\n".join(lines)
 
 
-def knobs_markdown(ranked):
-    lines = ["| knobs on bs64_opt (local batch 64, 25 MB buckets) | real data at 32 nodes | "
-             "synthetic data at 32 nodes |",
-             "|---|---|---|"]
-    for name, real, synthetic in ranked:
-        lines.append(f"| {name} | {whole(*real)} | {whole(*synthetic)} |")
+def knobs_markdown(ranked, published=None):
+    """The knob table; ``published``: the original's own efficiencies at 32 nodes, a row beside the model's."""
+    columns = list(ranked[0][1])
+    titles = [f"{column.replace('real', 'real data', 1)} at 32 nodes" if column != "synthetic"
+              else "synthetic data at 32 nodes" for column in columns]
+    lines = ["| knobs on bs64_opt (local batch 64, 25 MB buckets) | " + " | ".join(titles) + " |",
+             "|---" * (1 + len(columns)) + "|"]
+    if published:
+        lines.append("| *published: the original's 32-node runs* | " + " | ".join(
+            f"*{percent(published[c.split(',')[0]])}*" for c in columns) + " |")
+    for name, values in ranked:
+        lines.append(f"| {name} | " + " | ".join(whole(*values[c]) for c in columns) + " |")
     return "\n".join(lines)
+
+
+PUBLISHED_32 = {"real": CURVES["real"][32] / CURVES["loader_ideal"][32],
+                "synthetic": CURVES["synthetic"][32] / CURVES["synthetic_noddp"][32]}
+
+
+def synthetic_residuals(machine, network=None):
+    """The model's residuals against the published synthetic runs at 16 and 32 nodes."""
+    return {n: step_time(machine, 4 * n, 64, A100_RATE, network, rate_batch=RATE_BATCH).synthetic_samples_per_s
+            / CURVES["synthetic"][n] - 1 for n in (16, 32)}
+
+
+def hypotheses():
+    """What could make the published synthetic runs at 16 and 32 nodes slower than the model, each with
+    what it moves (the model's residuals there, each variant with its own share fitted to the real-data
+    runs) where the model can compute it, and the measurement that would test it."""
+    late = unet()
+    late = dataclasses.replace(late, gradients=tuple(dataclasses.replace(g, ready=1.0) for g in late.gradients))
+    plugin = {"inter_latency": 150e-6, "tree_inter_latency": 150e-6}
+    variants = {
+        "ring": synthetic_residuals(fitted_machine(fit(ring_only=True)[0], ring_only=True)),
+        "plugin": synthetic_residuals(fitted_machine(fit(**plugin)[0], **plugin)),
+        "late": synthetic_residuals(fitted_machine(fit()[0]), late),
+    }
+    moved = {key: "synthetic 16 and 32 nodes at {:+.1%} and {:+.1%}".format(*value.values())
+             for key, value in variants.items()}
+    optimiser = optimiser_time(sum(g.bytes for g in unet().gradients), PERLMUTTER)
+    return [
+        {"hypothesis": "NCCL ran the ring where its model takes the tree (a ring only, its share refitted)",
+         "moves": moved["ring"], "test": "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING in the job (the table the tuner "
+         "chose from); the all-reduce sweep at 16 and 32 nodes with NCCL_ALGO=Ring and again with NCCL_ALGO=Tree"},
+        {"hypothesis": "the network plugin reported its own latency (150 us, as aws-ofi-nccl's AWS-branch releases "
+         "of 2022 did), which replaces 9.6 and 28 us", "moves": moved["plugin"],
+         "test": "the TUNING table's latencies, and the plugin's version in the NCCL_DEBUG=INFO log"},
+        {"hypothesis": "the tree's cap per channel (17.8 GB/s a channel) binds: its bandwidth is lower than the "
+         "share says", "moves": "not computed: needs the channel count", "test": "the channel count in "
+         "NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=GRAPH), and the sweep with NCCL_ALGO=Tree"},
+        {"hypothesis": "gradients become ready later in time than in FLOPs (the deep layers' small grids run below "
+         "the GPU's rate); the limit, every bucket ready at the backward pass's end", "moves": moved["late"],
+         "test": "the gradient-ready hooks timed with CUDA events on one GPU (time, not FLOPs)"},
+        {"hypothesis": f"the optimiser's step takes longer than its memory-bound estimate ({1e3 * optimiser:.1f} ms on "
+         "an A100), so the backward pass ends earlier than the model says", "moves": "at most the estimate's excess",
+         "test": "the optimiser and GradScaler's step alone, timed with CUDA events on one GPU"},
+        {"hypothesis": "NCCL's kernels hold SMs for the whole network phase, which grows with the nodes, while "
+                       "the model charges the GPU a fixed DDP cost", "moves": "not computed",
+         "test": "an Nsight Systems profile of one step at 2 and at 16 nodes: compute kernels' time with and "
+                 "without NCCL's kernels beside them"},
+        {"hypothesis": "the network gave a large job less than a small one (placement on the dragonfly, other "
+                       "jobs' traffic on the links between groups)", "moves": "not computed",
+         "test": "the all-reduce sweep at 2, 8, 16 and 32 nodes, repeated at different times"},
+        {"hypothesis": "each synthetic point is one run, and a slow one", "moves": f"{VERDICT_SIGMAS} run-to-run "
+         f"standard errors are {VERDICT_SIGMAS * RUN_TO_RUN:.1%}, less than either miss",
+         "test": "three runs of each point"},
+    ]
+
+
+def fit_lines():
+    """The fitted share with its standard error, what each real-data run asks for alone, and the variant
+    with the published loader-alone points."""
+    lines = []
+    for loader, label in (("ideal", "the loader N x one GPU's (the ideal line)"),
+                          ("published", "the loader-alone curve's own points at 16 and 32 nodes")):
+        share, error = fit(loader=loader)
+        alone = ", ".join(f"{percent(share_to(c, n, loader=loader))} ({c} {n})" for c, n in FIT_POINTS)
+        lines.append(f"- {label}: {percent(share)} ± {100 * error:.1f} points; each run alone asks for {alone}")
+    return lines
 
 
 def plot(series, path, title):
@@ -882,70 +1055,61 @@ def predicted_tables(share):
 
 
 def check_summary(rows=None):
-    """What ``--check --json`` prints: the NCCL version the latencies are of, the one fitted share, every
-    published point with its residual and reading error, and the verdict."""
+    """What ``--check --json`` prints: the NCCL version the cost model is of, the fitted share with its
+    standard error (and with the published loader-alone points), the run-to-run spread, every published
+    point with its residual and errors, the verdict and the hypotheses for the misses."""
     rows = rows if rows is not None else check_rows()
-    return {"nccl": NCCL_VERSION, "algorithm": "ring or tree, the faster per call (NCCL's tuner)",
-            "fitted_shares": [fit()], "fitted_to": [f"{c} {n}" for c, n in FIT_POINTS],
+    return {"nccl": NCCL_VERSION, "algorithm": "ring or tree, the faster per call in NCCL's cost model",
+            "fitted_share": list(fit()), "fitted_share_loader_published": list(fit(loader="published")),
+            "fitted_to": [f"{c} {n}" for c, n in FIT_POINTS], "run_to_run": RUN_TO_RUN,
             "points": [{key: row[key] for key in ("curve", "nodes", "published", "model", "fitted", "term", "error",
-                                                 "reading", "readings")} for row in rows],
-            "verdict": verdict(rows)}
+                                                 "reading", "sigma", "sigmas")} for row in rows],
+            "verdict": verdict(rows), "hypotheses": hypotheses()}
 
 
-def alternatives_markdown(alternatives):
-    points = [f"{c} {n}" for c, n in ALTERNATIVE_POINTS] + ["8_gpus_local_batch_16"]
-    lines = ["| NCCL | algorithm | share fitted | " + " | ".join(points) + " |", "|---" * (3 + len(points)) + "|"]
-    for a in alternatives:
-        lines.append(f"| {a['nccl']} | {a['algorithm']} | {percent(a['share'])} | "
-                     + " | ".join(signed(a["residuals"][p]) for p in points) + " |")
-    return "\n".join(lines)
+def check_text(rows):
+    """--check's printout: the table, the verdict, the fit and the hypotheses."""
+    return "\n\n".join([
+        check_markdown(rows), verdict_line(verdict(rows)),
+        f"Standard error: the reading error and a run-to-run spread of {percent(RUN_TO_RUN)} (the relative standard "
+        "deviation of the original's six logged epochs of 4-GPU runs at local batch 16, one setting in the model) "
+        "combined. Judged: the independent predictions only (fitted points, inputs, N x an input and ratios of the "
+        "curves' points are listed, not judged).",
+        "The fitted share of Slingshot 11's 100 GB/s per node, to the real-data runs at 8, 16 and 32 nodes, with its "
+        "standard error:\n" + "\n".join(fit_lines()),
+        "Why the synthetic runs at 16 and 32 nodes may be slower than the model, what each moves, and its test:\n"
+        + "\n".join(f"- {h['hypothesis']}: {h['moves']}. Test: {h['test']}." for h in hypotheses())])
 
 
 def report(out_dir, image=None):
-    """Everything the README quotes, one markdown table per file in ``out_dir`` (check.md, cpu.md,
+    """Everything the chapter quotes, one markdown table per file in ``out_dir`` (check.md, cpu.md,
     perlmutter.md, h100.md, knobs-*.md) and all of it in report.json; and the plot (``image``)."""
-    share = fit()
+    share, error = fit()
     rows = check_rows(share)
-    judged = verdict(rows)
-    shares_alone = {f"{c} {n}": share_to(c, n) for c, n in FIT_POINTS}
-    ring_share = fit(ring_only=True)
-    hypothesis = step_hypothesis()
-    alternatives = nccl_alternatives()
     machines = {"perlmutter": fitted_machine(share), "h100": fitted_machine(share, H100)}
     tables = predicted_tables(share)
     knobs = {name: knob_table(name) for name in machines}
     cpu = cpu_check()
-    result = {"command": "python -m benchmarks.scaling_model --report", "nccl": NCCL_VERSION,
-              "nccl_latencies": NCCL_LATENCY, "network_share": share, "network_share_ring_only": ring_share,
-              "shares_alone": shares_alone, "step_hypothesis": hypothesis, "nccl_versions": alternatives,
-              "one_gpu_rate": A100_RATE, "loader_rate": PERLMUTTER.loader_rate, "reading_error": READING_ERROR,
-              "check": rows, "verdict": judged, "cpu": cpu, "tables": tables,
-              "knobs": {name: [{"knobs": k, "real": list(r), "synthetic": list(s)} for k, r, s in ranked]
+    result = {"command": "python -m benchmarks.scaling_model --report", **check_summary(rows),
+              "nccl_latencies": {k: v for k, v in NCCL_LATENCY.items() if k != "tree_correction"},
+              "check": rows, "one_gpu_rate": A100_RATE, "loader_rate": PERLMUTTER.loader_rate,
+              "reading_error": READING_ERROR,
+              "optimiser_ms": 1e3 * optimiser_time(sum(g.bytes for g in unet().gradients), PERLMUTTER),
+              "cpu": cpu, "tables": tables, "published_32": PUBLISHED_32,
+              "knobs": {name: [{"knobs": k, **{c: list(v) for c, v in values.items()}} for k, values in ranked]
                         for name, ranked in knobs.items()}}
     made = ("Made by `python -m benchmarks.scaling_model --report`: a computation from published and "
             "committed numbers, the same on any machine.")
-    latencies = (f"NCCL {NCCL_VERSION}'s cost model: a ring {1e6 * PERLMUTTER.call_latency:.1f} us a call, "
-                 f"{1e6 * PERLMUTTER.inter_latency:.1f} us a network hop, {1e6 * PERLMUTTER.intra_latency:.1f} us an "
-                 f"NVLink hop; a tree {1e6 * PERLMUTTER.tree_inter_latency:.0f} us a hop; the faster of the two "
-                 "per call, as NCCL's tuner picks")
-    network = (f"the network at {percent(share)} of Slingshot 11's 100 GB/s per node (fitted to the real-data runs "
-               f"at 8, 16 and 32 nodes), {latencies}")
-    fitted = (f"Fitted, one term: the share of Slingshot 11's 100 GB/s per node that the all-reduce's bytes "
-              f"reached, {percent(share)}, to the real-data runs at 8, 16 and 32 nodes together (least squares in "
-              f"units of their reading errors; each alone asks for "
-              + ", ".join(f"{percent(v)} ({k})" for k, v in shares_alone.items())
-              + f"). Not fitted: the latencies, {latencies}.")
-    alternatives_text = ("## What the NCCL version and the algorithm move\n\nEach line fits its own one share to "
-                         "the same three real-data runs; residuals against the published points.\n\n"
-                         + alternatives_markdown(alternatives) + "\n")
+    network = (f"the network at {percent(share)} ± {100 * error:.1f} points of Slingshot 11's 100 GB/s per node "
+               f"(fitted to the real-data runs at 8, 16 and 32 nodes), NCCL {NCCL_VERSION}'s cost model")
     texts = {
         "check": (f"# The model against the original tutorial's final scaling curves\n\n{made} The published points "
                   "are read off the original's plots (NERSC/sc22-dl-tutorial commit 2074095, 2022-11-12) by "
                   "`python -m benchmarks.read_scaling_plots`, into `benchmarks/sc22_scaling_points.json`; "
-                  f"reading error ±{READING_ERROR:.0f} samples/s; for the rows at local batch 16, the spread of "
-                  f"their two logged epochs.\n\n{check_markdown(rows)}\n\n{verdict_line(judged)}\n\n"
-                  f"Inputs: one A100 computes {A100_RATE:.0f} samples/s (synthetic --noddp), its loader delivers "
-                  f"{PERLMUTTER.loader_rate:.0f} (the loader-alone ideal line). {fitted}\n\n{alternatives_text}"),
+                  f"reading error ±{READING_ERROR:.0f} samples/s; the runs at local batch 16 are its README's logs "
+                  f"(the mean of two epochs). Inputs: one A100 computes {A100_RATE:.0f} samples/s (synthetic "
+                  f"--noddp), its loader delivers {PERLMUTTER.loader_rate:.0f} (the loader-alone ideal line).\n\n"
+                  + check_text(rows) + "\n"),
         "cpu": (f"# The model against this project's CPU measurements\n\n{made} The step times are "
                 f"[{CPU_SCALING}](../{CPU_SCALING}/README.md)'s; the gloo profiles are "
                 "[two-ranks-one-machine](../allreduce/two-ranks-one-machine.md) and "
@@ -957,19 +1121,22 @@ def report(out_dir, image=None):
                  f"H100 computing {H100_RATE:.1f} samples/s (this code's, measured: the SYNTHETIC trial of the ladder's "
                  f"'{H100_RUNG}' rung in benchmarks/results/{os.path.basename(H100_RESULTS)}; "
                  f"{H100_RATE / A100_RATE:.2f} times the original's A100 at {A100_RATE:.0f}), its loader "
-                 f"bound at the A100's 937 samples/s, the network at Perlmutter's fitted share of its datasheet "
-                 f"(an assumption) and {latencies}.\n\n" + scaling_markdown(tables["h100"]) + "\n"),
+                 f"bound at the A100's 937 samples/s, {network} (Perlmutter's share: an assumption).\n\n"
+                 + scaling_markdown(tables["h100"]) + "\n"),
     }
     for name, ranked in knobs.items():
         gpus = 32 * machines[name].gpus_per_node
-        extra = "" if name == "perlmutter" else \
-            f"; one H100 computing {H100_RATE:.1f} samples/s (measured with this code)"
-        texts[f"knobs-{name}"] = (f"# The knobs at 32 nodes ({gpus} GPUs): {machines[name].name}\n\n{made} Weak-scaling "
-                                  "efficiency against as many GPUs alone, in whole percent; a range where the "
-                                  "networks the published points allow give different values (NCCL's tuner's "
-                                  f"choice of ring or tree, with the share {percent(share)}, or a ring only, with the "
-                                  f"share fitted for it, {percent(ring_share)}){extra}.\n\n"
-                                  + knobs_markdown(ranked) + "\n")
+        extra = "" if name == "perlmutter" else (
+            f"; one H100 computing {H100_RATE:.1f} samples/s (measured with this code); its loader at the A100's 937 "
+            f"samples/s or, \"DALI measured\", at the {H100_LOADER_MEASURED:.1f} this code's DALI pipeline delivered "
+            "alone on an H200 machine (benchmarks/results/loaders/)")
+        texts[f"knobs-{name}"] = (
+            f"# The knobs at 32 nodes ({gpus} GPUs): {machines[name].name}\n\n{made} Weak-scaling efficiency against "
+            f"as many GPUs alone, in whole percent; a range where the network's share less and plus its standard error "
+            f"({percent(max(share - error, 0.05))} and {percent(share + error)}) give different values{extra}. "
+            "The model misses the published synthetic runs at 16 and 32 nodes (check.md): differences in the synthetic column "
+            "smaller than that miss are not resolved.\n\n"
+            + knobs_markdown(ranked, PUBLISHED_32 if name == "perlmutter" else None) + "\n")
     os.makedirs(out_dir, exist_ok=True)
     for name, text in texts.items():
         with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
@@ -984,7 +1151,7 @@ def report(out_dir, image=None):
 def figure(path, tables=None):
     """The README's plot: bs64_opt on Perlmutter and on DGX H100 nodes, the network as fitted."""
     if tables is None:
-        tables = predicted_tables(fit())
+        tables = predicted_tables(fit()[0])
     plot({"Perlmutter A100 (network as fitted)": tables["perlmutter"],
           "DGX H100 (network at the same share)": tables["h100"]}, path,
          "bs64_opt weak scaling, local batch 64, predicted")
@@ -1010,7 +1177,8 @@ def main(argv=None):
     parser.add_argument("--network", help="a machine profile measured by benchmarks.allreduce (JSON with "
                         "latency_us and busbw_GBps): the network as measured, in place of the datasheet")
     parser.add_argument("--check", action="store_true", help="print every published point with the model's value, "
-                        "its residual and reading error, and a verdict")
+                        "its residual and errors, a verdict on the independent predictions, the fitted share with its "
+                        "error, and the hypotheses for the misses")
     parser.add_argument("--json", action="store_true", help="with --check: JSON instead of a table")
     parser.add_argument("--knobs", action="store_true", help="print the knobs' efficiencies at 32 nodes")
     parser.add_argument("--report", action="store_true", help="write benchmarks/results/scaling_model/ and "
@@ -1025,11 +1193,7 @@ def main(argv=None):
         return
     if args.check:
         rows = check_rows()
-        if args.json:
-            print(json.dumps(check_summary(rows), indent=1))
-        else:
-            print(check_markdown(rows))
-            print("\n" + verdict_line(verdict(rows)))
+        print(json.dumps(check_summary(rows), indent=1) if args.json else check_text(rows))
         return
     try:
         machine, share = resolve_machine(args.machine, args.network_share, args.network)
@@ -1038,7 +1202,8 @@ def main(argv=None):
                        "`python -m benchmarks.allreduce` writes (it holds latency_us and busbw_GBps).\n")
     rate = args.one_gpu_rate or ONE_GPU_RATE[args.machine]
     if args.knobs:
-        print(knobs_markdown(knob_table(args.machine, machine if args.network else None)))
+        published = PUBLISHED_32 if args.machine == "perlmutter" and not args.network else None  # none on H100s
+        print(knobs_markdown(knob_table(args.machine, machine if args.network else None), published))
         return
     options = {"bucket_cap_mb": args.bucket_cap_mb, "first_bucket_mb": args.first_bucket_mb,
                "ddp_comm_hook": args.ddp_comm_hook, "broadcast_buffers": not args.disable_broadcast_buffers,

@@ -679,7 +679,7 @@ RUN = {
         marks=NSYS_MARKS),
     "python -m benchmarks.nsight summary sample_nsys_profiles/cpu/baseline.nsys-rep": Run(
         check=check_output("OS runtime calls by time:"), marks=NSYS_MARKS),
-    "python -m benchmarks.scaling_model --check": Run(check=check_output("\nverdict: ")),
+    "python -m benchmarks.scaling_model --check": Run(check=check_output("\nverdict on the ")),
     "python -m benchmarks.scaling_model --check --json": Run(check=check_output('"nccl": "2.15.5"')),
     "python -m benchmarks.scaling_model --knobs": Run(check=check_output("| --ddp_comm_hook=bf16 |")),
     "python -m benchmarks.scaling_model --machine h100 --local_batch_size=128 --ddp_comm_hook=bf16 --out model.png": Run(
@@ -918,74 +918,69 @@ def test_scaling_model_prose_is_that_of_its_report():
     assert f"±{report['reading_error']:.0f} samples/s" in text
     assert f"one A100 computes {report['one_gpu_rate']:.0f} samples/s" in text
     assert f"its loader delivers {report['loader_rate']:.0f}" in text
-    # The network: NCCL's version and constants, and the tuner's choice.
+    # The network: NCCL's version and constants.
     nccl = report["nccl_latencies"]
-    assert report["nccl"] == model.NCCL_VERSION and f"in nccl {report['nccl']}" in text
-    assert f"a ring costs {1e6 * nccl['call_latency']:.1f} us a call" in text
-    assert f"of which 2 x nodes count as network hops ({1e6 * nccl['inter_latency']:.1f} us) and the rest as " \
-           f"NVLink hops ({1e6 * nccl['intra_latency']:.1f} us)" in text
-    assert f"2 x bytes / ({nccl['tree_bw_share']} x bus bandwidth)" in text
+    assert report["nccl"] == model.NCCL_VERSION == "2.15.5" and "NCCL 2.15.5's tuner" in text
+    assert f"ring costs {1e6 * nccl['call_latency']:.1f} us a call" in text
+    assert f"network hops ({1e6 * nccl['inter_latency']:.1f} us) and the rest as NVLink hops " \
+           f"({1e6 * nccl['intra_latency']:.1f} us)" in text
+    assert f"latency by {nccl['ring_plateau']}" in text and f"2 x bytes / ({nccl['tree_bw_share']} x bus bandwidth)" in text
     assert f"hops of {1e6 * nccl['tree_inter_latency']:.0f} us" in text
-    share = report["network_share"]
+    assert f"at the {model.AMPERE_BUS_BW:.0f} GB/s NCCL allows an A100" in text
+    share, error = report["fitted_share"]
     fitted = model.fitted_machine(share)
-    ring = model.dataclasses.replace(fitted, ring_only=True)
-    assert f"a ring's latency is {1e3 * model.allreduce_time(0, 128, ring):.2f} ms a call and a tree's " \
-           f"{1e3 * model.allreduce_time(0, 128, fitted):.2f}" in text
     cut = model.buckets(model.unet(), 25, 1.0)
-    trees = {n: sum(model.allreduce_time(b, 4 * n, fitted) < model.allreduce_time(b, 4 * n, ring) for b, _ in cut)
-             for n in (2, 4, 8, 16, 32)}
-    assert f"(all {len(cut)} at 32 nodes, {trees[16]} of {len(cut)} at 16, none up to 8 nodes)" in text
-    assert trees[32] == len(cut) and trees[2] == trees[4] == trees[8] == 0
-    later = model.NCCL_VERSIONS["2.18 (AMD hosts)"]
-    assert f"2.18: a {1e6 * later['inter_latency']:.0f} us network hop" in text
-    assert f"a {1e6 * later['intra_latency']:.0f} us NVLink hop in a multi-node ring" in text
-    # The loader's two hypotheses: the page cache and the loader-alone curve.
-    alone = model.CURVES["loader"][32] / model.CURVES["loader_ideal"][32]
-    assert f"the loader-alone curve reaches {pct(alone)} of its ideal line at 32 nodes" in text
-    # The fit, the verdict and the points N times an input.
+    choices = {n: [model.algorithm(b, 4 * n, fitted) for b, _ in cut] for n in (2, 4, 8, 16, 32)}
+    smallest = sorted(range(len(cut)), key=lambda i: cut[i][0])[:2]
+    assert [i for i, a in enumerate(choices[8]) if a == "tree"] == sorted(smallest)
+    assert set(choices[16]) == set(choices[32]) == {"tree"} and set(choices[2]) == set(choices[4]) == {"ring"}
+    times = model.nccl_times(cut[2][0], 128, fitted)
+    assert f"a large ring's latency is {1e3 * times['ring'][1]:.2f} ms a call, a tree's {1e3 * times['tree'][1]:.2f}" in text
+    h100 = model.fitted_machine(share, model.H100)
+    times = model.nccl_times(cut[2][0], 256, h100)
+    assert f"a large ring's latency is {1e3 * times['ring'][1]:.2f} ms a call against a tree's " \
+           f"{1e3 * times['tree'][1]:.2f}" in text
+    assert f"{report['optimiser_ms']:.1f} ms on an A100" in text
+    # The error model, the fit and its loader variant, the verdict.
+    assert f"run-to-run spread of {pct(report['run_to_run'])}" in text
+    alone = [model.share_to(c, n) for c, n in model.FIT_POINTS]
+    assert "the run at 8 nodes asks for {} of the datasheet, the run at 16 for {} and the run at 32 for {}".format(
+        *map(pct, alone)) in text
+    assert f"One share, {pct(share)} ± {100 * error:.1f} points, meets them to " + ", ".join(
+        signed(rows[("real", n)]["error"]).replace("-0.0%", "+0.0%") for n in (8, 16)) + \
+        f" and {signed(rows[('real', 32)]['error']).replace('-0.0%', '+0.0%')}" in text
+    published, published_error = report["fitted_share_loader_published"]
+    assert f"it becomes {pct(published)} ± {100 * published_error:.1f} points" in text
+    below = [1 - model.CURVES["loader"][n] / (model.CURVES["loader_ideal"][32] / 32 * n) for n in (16, 32)]
+    assert "({:.1f}% and {:.1f}% below its ideal line)".format(*(100 * b for b in below)) in text
+    assert model.verdict_line(report["verdict"]) in text and report["verdict"] == model.verdict(model.check_rows())
+    assert f"within {model.VERDICT_SIGMAS} standard errors" in text
     counted = [r for r in report["check"] if r["term"].startswith("N x")]
     assert len(counted) == 7 and "seven are N times an input" in text
-    assert report["verdict"] == model.verdict(model.check_rows()) and \
-        model.verdict_line(report["verdict"]) in text
-    assert f"points within {model.VERDICT_READINGS} times their reading error" in text
-    alone = report["shares_alone"]
-    assert f"the run at 8 nodes asks for {pct(alone['real 8'])} of the datasheet, the run at 16 for " \
-           f"{pct(alone['real 16'])} and the run at 32 for {pct(alone['real 32'])}; one share, {pct(share)}, meets " \
-           "them to {}, {} and {}".format(*(signed(rows[("real", n)]["error"]).replace("-0.0%", "+0.0%")
-                                            for n in (8, 16, 32))) in text
-    busy = {n: 1e3 * (model.step_time(fitted, 4 * n, 64, report["one_gpu_rate"], rate_batch=64).loader
-                      - 64 / fitted.loader_rate) for n in (1, 2, 8, 16, 32)}
-    assert f"the loader's {1e3 * 64 / fitted.loader_rate:.0f} ms plus the time" in text
-    assert f"({busy[16]:.1f} ms at 16 nodes, {busy[32]:.1f} at 32," in text
-    assert f"Part of the rise from {busy[8]:.1f} ms at 8 nodes is NCCL's own" in text
-    # The step between 8 and 16 nodes, a hypothesis on the 2-node row.
-    row8 = rows[("8_gpus_local_batch_16", 2)]
-    hypothesis = report["step_hypothesis"]
-    assert hypothesis["residual"] == pytest.approx(row8["error"])
-    assert f"comes out at {signed(row8['error'])} with the one share, {row8['readings']:.1f} times its spread; " \
-           f"alone it asks for {pct(hypothesis['share_for_2_node_row'])} of the datasheet, a step up from the " \
-           f"larger jobs' {pct(share)}" in text
-    assert f"its two logged epochs differ by {pct(row8['reading'])}" in text
-    # The synthetic runs the model misses, and what the version and the algorithm move.
+    assert f"and seven are independent predictions" in text and report["verdict"]["checked"] == 7
+    for row in report["check"]:  # the table of fitted points and predictions: each as the report has it
+        if row["term"].startswith("fitted") or row["term"] == "predicted, judged":
+            assert f"| {row['curve']} | {row['nodes']} | {row['published']:.0f} | {row['model']:.0f} | " \
+                   f"{signed(row['error']).replace('-0.0%', '+0.0%')} | ±{100 * row['sigma']:.1f}% | " \
+                   f"{row['sigmas']:.1f} |" in section("# A scaling model on paper")
+    # The synthetic runs the model misses, and what the hypotheses move.
     exposed = {n: next(r for r in report["tables"]["perlmutter"] if r["nodes"] == n)["exposed_ms"] for n in (16, 32)}
     assert f"({exposed[16]:.1f} ms exposed at 16 nodes, {exposed[32]:.1f} at 32)" in text
-    assert f"puts the synthetic runs {signed(rows[('synthetic', 16)]['error'])} and " \
-           f"{signed(rows[('synthetic', 32)]['error'])} above the published points" in text
+    synthetic = [rows[("synthetic", n)] for n in (16, 32)]
+    assert f"{signed(synthetic[0]['error'])} and {signed(synthetic[1]['error'])} above the published points, " \
+           f"{synthetic[0]['sigmas']:.1f} and {synthetic[1]['sigmas']:.1f} standard errors" in text
     asked = []
     for n in (16, 32):  # the published synthetic step less the model's compute and DDP's work on the GPU
         modelled = model.step_time(fitted, 4 * n, 64, report["one_gpu_rate"], rate_batch=64)
         asked.append(1e3 * (64 * 4 * n / model.CURVES["synthetic"][n] - modelled.compute - modelled.ddp_gpu))
-    assert "which ask for {:.1f} and {:.1f} ms of exposed network".format(*asked) in text
-    versions = {(a["nccl"], a["algorithm"]): a for a in report["nccl_versions"]}
-    ring15, ring18 = versions[("2.15.5", "ring")], versions[("2.18 (AMD hosts)", "ring")]
-    assert ring15["share"] == pytest.approx(report["network_share_ring_only"])
-    assert f"the share fitted for it ({pct(ring15['share'])}), comes closer " \
-           f"({signed(ring15['residuals']['synthetic 16'])}, {signed(ring15['residuals']['synthetic 32'])}), and " \
-           f"with 2.18's ring constants closer still ({signed(ring18['residuals']['synthetic 16'])}, " \
-           f"{signed(ring18['residuals']['synthetic 32'])})" in text
-    per_node = [model.CURVES["real_noddp"][n] / n for n in (8, 16, 32)]
-    assert "deliver {:.0f}, {:.0f} and {:.0f} samples/s per node".format(*per_node) in text
-    assert f"{100 * (max(per_node) / min(per_node) - 1):.1f}% apart" in text
+    assert "They ask for {:.1f} and {:.1f} ms of exposed network".format(*asked) in text
+    overhead = [rows[(curve, 32)] for curve in ("comm_overhead_synthetic (README text)", "comm_overhead_synthetic")]
+    assert f"the model's {pct(overhead[0]['model'])} at 32 nodes falls short of the README's \"around " \
+           f"{100 * overhead[0]['published']:.0f}%\" and the plot's {pct(overhead[1]['published'])}" in text
+    for hypothesis in report["hypotheses"]:
+        if hypothesis["moves"].startswith("synthetic 16 and 32 nodes at "):
+            values = hypothesis["moves"].removeprefix("synthetic 16 and 32 nodes at ").split(" and ")
+            assert f"{values[0]}, {values[1]})" in text, hypothesis
     # The gradients' timeline and DDP's work on the GPU.
     network = model.unet()
     total = sum(g.bytes for g in network.gradients)
@@ -1002,39 +997,37 @@ def test_scaling_model_prose_is_that_of_its_report():
     apart = model.dataclasses.replace(fitted, loader_shares_network=False)
     missed = model.curve_model("real", 8, apart) / model.CURVES["real"][8] - 1
     assert f"misses the real-data run at 8 nodes by {100 * missed:.0f}%" in text
-    assert f"plus the {busy[2]:.0f} to {busy[32]:.0f} ms the all-reduce's bytes hold the network" in text
+    busy = {n: 1e3 * (model.step_time(fitted, 4 * n, 64, report["one_gpu_rate"], rate_batch=64).loader
+                      - 64 / fitted.loader_rate) for n in (2, 32)}
+    assert f"the loader's {1e3 * 64 / fitted.loader_rate:.0f} ms plus the {busy[2]:.0f} to {busy[32]:.0f} ms" in text
+    alone = model.CURVES["loader"][32] / model.CURVES["loader_ideal"][32]
+    assert f"the loader-alone curve reaches {pct(alone)} of its ideal line at 32 nodes" in text
     assert f"{model.CURVES['real'][32]:.0f} / {model.CURVES['loader_ideal'][32]:.0f} = " \
            f"{100 * model.CURVES['real'][32] / model.CURVES['loader_ideal'][32]:.1f}%" in text
-    # The rows at local batch 16.
-    four = rows[("4_gpus_local_batch_16", 1)]["error"]
-    assert f"(4 GPUs {signed(four)}, 8 GPUs {signed(row8['error'])})" in text
-    assert f"({100 * model.PER_STEP_SHARE:.1f}% of a batch-64 step's compute is paid once per step" in text
+    assert f"by less than its standard error ({rows[('efficiency_real (README text)', 32)]['sigmas']:.1f} of it)" in text
+    # The runs at local batch 16.
+    mean = rows[("4_gpus_local_batch_16 (mean of the 3 runs)", 1)]
+    row4 = model.step_time(fitted, 4, 16, report["one_gpu_rate"], bucket_cap_mb=100, broadcast_buffers=False,
+                           rate_batch=64)
+    assert f"is {1e3 * row4.step:.1f} ms: {mean['model']:.0f} samples/s against the three runs' " \
+           f"{mean['published']:.0f}" in text
+    flat = model.step_time(fitted, 4, 16, report["one_gpu_rate"], bucket_cap_mb=100, broadcast_buffers=False)
+    assert f"the model says {signed(flat.samples_per_s / mean['published'] - 1)}" in text
+    eight = [rows[(model.run_name(r), 2)]["error"] for r in model.RUNS_16 if r["gpus"] == 8]
+    assert "the model is {} and {} of them".format(*map(signed, eight)) in text
+    assert f"({100 * model.PER_STEP_SHARE:.1f}% of a" in text.replace("One measured split is an input: ", "(")
     h200 = model.per_step_share(os.path.join(ROOT, "benchmarks", "results", "nvidia-h200-2026-11-26.json"))
-    assert f"0.532 ms per sample and 5.4 ms per step: {100 * h200:.1f}%" in text  # the H200's corroboration
-    row_step = model.step_time(fitted, 8, 16, report["one_gpu_rate"], bucket_cap_mb=100, broadcast_buffers=False,
-                               rate_batch=64)
-    assert f"the model's step there is {1e3 * row_step.step:.1f} ms ({1e3 * row_step.compute:.1f} of compute, " \
-           f"{1e3 * row_step.ddp_gpu:.1f} of DDP on the GPU, {1e3 * row_step.exposed:.1f} of network" in text
-    assert f"against the published {1e3 * 8 * 16 / model.ROWS_16[8][0]:.1f}" in text
-    # The tables' prose: one node, the knobs' ranges, accumulation as the flag does it, the H100.
+    assert f"One H200 gives {100 * h200:.1f}%" in text
+    # The tables' prose: one node, the knobs, accumulation, the H100's two loaders.
     one_node = next(r for r in report["tables"]["perlmutter"] if r["gpus"] == 4)
     assert f"only DDP's work on the GPU costs ({100 * (1 - one_node['synthetic_efficiency']):.0f}%)" in text
-    assert f"with the one share, {pct(share)} of the datasheet's 100 GB/s per node, or a ring only with the " \
-           f"share fitted for it, {pct(report['network_share_ring_only'])})" in text
+    knobs = {k["knobs"]: k for k in report["knobs"]["perlmutter"]}
+    baseline = knobs["bs64_opt as published (the baseline)"]
+    above = [round(100 * v) - 100 * report["published_32"]["synthetic"] for v in baseline["synthetic"]]
+    assert f"The model's baseline is {above[0]:.0f} to {above[1]:.0f} points above the published " \
+           f"{pct(report['published_32']['synthetic'])}" in text
     base = model.step_time(fitted, 128, 64, report["one_gpu_rate"], rate_batch=64)
     accumulated = model.step_time(fitted, 128, 64, report["one_gpu_rate"], rate_batch=64, grad_accum_steps=2)
     assert f"twice ({1e3 * accumulated.compute:.1f} ms a step against {1e3 * base.compute:.1f})" in text
     assert f"({1e3 * accumulated.exposed:.1f} ms exposed against {1e3 * base.exposed:.1f})" in text
-    knobs = {k["knobs"]: k for k in report["knobs"]["perlmutter"]}
-    accumulation, baseline = knobs["--grad_accum_steps=2"], knobs["bs64_opt as published (the baseline)"]
-    assert round(100 * accumulation["real"][1]) == round(100 * baseline["real"][1])
-    assert f"stays at the baseline's {100 * baseline['real'][1]:.0f}% with real data" in text
-    assert f"falls to {100 * accumulation['synthetic'][0]:.0f}-{100 * accumulation['synthetic'][1]:.0f}% " \
-           "with synthetic data" in text
-    h100 = model.fitted_machine(share, model.H100)
-    h100_ring = model.dataclasses.replace(h100, ring_only=True)
-    assert f"On 256 ranks a ring all-reduce has 510 steps, 64 of them across the network: " \
-           f"{1e3 * model.allreduce_time(0, 256, h100_ring):.2f} ms of latency a call, against " \
-           f"{1e3 * model.allreduce_time(0, 256, h100):.2f} for the tree" in text
-    knob = {k["knobs"]: k for k in report["knobs"]["h100"]}["bs64_opt as published (the baseline)"]
-    assert f"{100 * knob['synthetic'][0]:.0f}-{100 * knob['synthetic'][1]:.0f}% for bs64_opt" in text
+    assert f"{model.H100_LOADER_MEASURED:.1f} samples/s" in text and f"{model.H100_RATE:.1f} samples/s" in text

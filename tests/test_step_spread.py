@@ -141,3 +141,61 @@ def test_train_py_names_the_straggler_and_the_starved_rank_from_one_gather_an_ep
     # One all-gather an epoch on every rank, not one a step (an epoch here is 5 steps: 16 samples, 3 a step).
     assert sorted(os.listdir(counts)) == ["rank0", "rank1", "rank2"]
     assert [int((counts / name).read_text()) for name in sorted(os.listdir(counts))] == [2, 2, 2]
+
+
+DDP_TIMERS_SCRIPT = """
+import json, logging, sys, tempfile
+import torch, torch.distributed as dist
+from utils.distributed import World
+from utils.logging_utils import TensorBoard
+from utils.step_spread import StepSpread, ddp_timers
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:" + sys.argv[1])
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])
+assert ddp_timers(model) is None  # not DDP
+ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.25)
+assert ddp_timers(ddp) is None  # no step timed yet
+spread = StepSpread(ddp, torch.device("cpu"), World())
+step = spread.timed(lambda inputs: ddp(inputs).square().mean().backward())
+for _ in range(12):
+    step(torch.randn(64, 256))
+folder = tempfile.mkdtemp()
+tensorboard = TensorBoard(folder, enabled=True)
+logged = spread.log(tensorboard, 12)
+tensorboard.close()
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+events = EventAccumulator(folder)
+events.Reload()
+print("TAGS " + json.dumps(sorted(events.Tags()["scalars"])))
+print("LOGGED " + json.dumps(logged))
+print("RAW " + json.dumps({k: v for k, v in ddp._get_ddp_logging_data().items() if k.startswith("avg_")}))
+"""
+
+
+def test_ddp_timers_are_logged_beside_the_spread_on_a_real_gloo_group():
+    """DDP's own timers (its logger's averages, wall clock on a CPU) logged once an epoch with the spread:
+    forward, backward, gradient communication, the part of it during the backward pass and the rest; nothing
+    for a model that is not DDP."""
+    import json
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = subprocess.run([sys.executable, "-c", DDP_TIMERS_SCRIPT, str(port)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=timeout_for(300),
+                            env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    logged = json.loads(next(line for line in lines if line.startswith("LOGGED "))[7:])
+    raw = json.loads(next(line for line in lines if line.startswith("RAW "))[4:])
+    assert logged["ddp_backward_s"] == raw["avg_backward_compute_time"] / 1e9 > 0
+    assert logged["ddp_communication_s"] == raw["avg_backward_comm_time"] / 1e9 > 0
+    assert logged["ddp_overlap_s"] == raw["avg_backward_compute_comm_overlap_time"] / 1e9
+    assert logged["ddp_exposed_s"] == pytest.approx(max(0.0, logged["ddp_communication_s"] - logged["ddp_overlap_s"]))
+    tags = json.loads(next(line for line in lines if line.startswith("TAGS "))[5:])
+    assert {f"Step spread/ddp_{name}" for name in ("forward_s", "backward_s", "communication_s", "overlap_s",
+                                                    "exposed_s")} <= set(tags)
+    line = next(line for line in lines if line.startswith("DDP's timers on rank 0"))
+    assert f"gradient communication {logged['ddp_communication_s']:.4f} s" in line
