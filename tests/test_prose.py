@@ -102,11 +102,12 @@ LESSON_WORDS = {"README.md": 1200, "docs/01-set-up.md": 900, "docs/02-single-dev
 # The files not yet edited to it: their figures may go down, never up (lower them here when they do).
 NOT_YET = {
     "docs/04-distributed.md": {"words": 5049, "sentences_over_50": 9, "dates_in_running_prose": 11},
-    "docs/05-scaling-model.md": {"words": 4841, "sentences_over_50": 8, "dates_in_running_prose": 8},
+    "docs/05-scaling-model.md": {"words": 3493, "sentences_over_50": 3, "dates_in_running_prose": 5},
     "docs/06-domain-parallelism.md": {"words": 1879, "sentences_over_50": 11, "dates_in_running_prose": 6},
     "docs/07-differences-from-the-original.md": {"words": 1537, "sentences_over_50": 1, "dates_in_running_prose": 0},
     "docs/08-tests.md": {"words": 1911, "sentences_over_50": 14, "dates_in_running_prose": 7},
-    "docs/09-going-further.md": {"words": 8864, "sentences_over_50": 27, "dates_in_running_prose": 33}}
+    "docs/10-going-further-distributed.md": {"words": 2928, "sentences_over_50": 4, "dates_in_running_prose": 1},
+    "docs/09-going-further.md": {"words": 7206, "sentences_over_50": 27, "dates_in_running_prose": 33}}
 CORE_PATH_WORDS = 13000  # what the learner reads before the optional chapters: README.md and chapters 01-04
 
 
