@@ -1,12 +1,13 @@
 """A CUDA out-of-memory error in a training run, ended in one paragraph: the batch, the memory, the fixes.
 
 torch's own message names bytes and allocator settings; what a user changes is the batch, the
-precision or the number of ranks a sample is split over. train.py runs the places that allocate GPU
-memory under :func:`explained_out_of_memory` (:func:`guard_out_of_memory` for a function): building
-the model (``--exact_forms=auto`` times each layer at the run's micro-batch), the training step,
-validation, the loop around the step (the loader's next batch: the device prefetcher's copy,
-``--side_stream_gather``'s gather; a batch's copy to the device) and writing a checkpoint. There an
-error that :func:`is_out_of_memory` recognises becomes :class:`OutOfMemory`, a paragraph that says:
+precision or the number of ranks a sample is split over. What allocates GPU memory in a training
+run runs under :func:`explained_out_of_memory` (:func:`guard_out_of_memory` for a function): in
+train.py building the model (``--exact_forms=auto`` times each layer at the run's micro-batch), the
+step, validation and the loop around them (the loader's next batch, with the device prefetcher's
+copy or ``--side_stream_gather``'s gather; a batch's copy to the device); in utils/checkpoint.py the
+writing of a checkpoint. There an error that :func:`is_out_of_memory` recognises becomes
+:class:`OutOfMemory`, a paragraph that says:
 
 - the batch: samples per rank, per micro-batch (``--grad_accum_steps``), the global batch, the
   crop and the precision;
@@ -58,10 +59,10 @@ def is_out_of_memory(error):
     if isinstance(error, torch.cuda.OutOfMemoryError):
         return True
     runtime = (RuntimeError, getattr(torch, "AcceleratorError", RuntimeError))  # torch 2.4 has no AcceleratorError
-    return isinstance(error, runtime) and said_where(error) is not None
+    return isinstance(error, runtime) and line_saying_so(error) is not None
 
 
-def said_where(error):
+def line_saying_so(error):
     """The line of ``error``'s text that says it is out of memory, or None."""
     return next((line.strip() for line in str(error).splitlines()
                  if any(phrase in line.lower() for phrase in OUT_OF_MEMORY_PHRASES)), None)
@@ -160,7 +161,7 @@ def what_failed(error):
     if isinstance(error, torch.cuda.OutOfMemoryError):
         asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", str(error))
         return f" (tried to allocate {asked.group(1)})" if asked else ""
-    return f" ({type(error).__name__}: {said_where(error)})"
+    return f" ({type(error).__name__}: {line_saying_so(error)})"
 
 
 def fixes(params, local, steps, micro):
