@@ -32,7 +32,7 @@ from utils.compiler import check_compiler
 from utils.conv3d import check_conv3d
 from utils.distributed import (DomainMesh, agree_to_stop, all_reduce_mean, check_domain_crop,
                                check_parallel_options, describe_memory, exit_on_lost_rank, init_process_group, memory_report, parallelize,
-                               read_world, shutdown)
+                               read_world, shutdown, World)
 from utils.halo import split_domain
 from utils.errors import UserError, exit_on_user_error
 from utils.estimate import check_run_time
@@ -41,7 +41,7 @@ from utils.logging_utils import TensorBoard, config_logger, log_to_file
 from utils.losses import build_loss
 from utils.metrics import ValidationMetrics, format_metrics, power_spectrum_figure
 from utils.optim import Precision, build_optimizer, configure_tf32, set_learning_rate
-from utils.out_of_memory import guard_out_of_memory
+from utils.out_of_memory import explained_out_of_memory, guard_out_of_memory
 from utils.prefetch import device_prefetcher
 from utils.preview import logged_losses, render_loss_curves, render_preview, save_png
 from utils.profiling import DEFAULT_WINDOWS, Profiling, annotate, check_profiling_options
@@ -154,12 +154,14 @@ def create_run_dir(run_dir, params, world, position):
         record_config(run_dir, run_options(params, world), position.step)
 
 
-def build_model(params, device, mesh=None):
+def build_model(params, device, mesh=None, world=World()):
     """The U-Net on ``device``, its slow layers in the exact forms --exact_forms picks (utils/exact_forms.py);
-    under a domain ``mesh`` its convolutions exchange halos (utils/halo.py)."""
-    model = UNet(params.N_in_channels, params.N_out_channels, params.base_channels, params.full_scale)
-    logging.info("U-Net with %.1f M parameters", sum(p.numel() for p in model.parameters()) / 1e6)
-    model = use_exact_forms(model.to(device, memory_format=memory_format(params)), params, device, mesh)
+    under a domain ``mesh`` its convolutions exchange halos (utils/halo.py). Running out of GPU memory
+    here (--exact_forms=auto times each layer at the run's micro-batch) ends in one paragraph, as in training."""
+    with explained_out_of_memory("building the model", params, world, device):
+        model = UNet(params.N_in_channels, params.N_out_channels, params.base_channels, params.full_scale)
+        logging.info("U-Net with %.1f M parameters", sum(p.numel() for p in model.parameters()) / 1e6)
+        model = use_exact_forms(model.to(device, memory_format=memory_format(params)), params, device, mesh)
     return model if mesh is None else split_domain(model, mesh)
 
 
@@ -531,7 +533,7 @@ def main(argv=None, make_step=None, graph_capture=False):
     # Order: the parallel wrapper first (FSDP replaces the parameters the optimiser must hold), then
     # the optimiser, and compilation last, around everything (it is lazy: nothing is traced yet):
     # the step compiles model and loss as one function, validation the model alone.
-    model = parallelize(build_model(params, device, mesh), params, world, device, graph_capture)
+    model = parallelize(build_model(params, device, mesh, world), params, world, device, graph_capture)
     optimizer = build_optimizer(params, model, capturable=graph_capture)
     precision = Precision(params.amp_mode, device, cache=not graph_capture)
     loss_fn = build_loss(params)
@@ -558,7 +560,7 @@ def main(argv=None, make_step=None, graph_capture=False):
     logging.info("Starting Training Loop...")
     metric_lines = (validate_and_log(validation, tensorboard, run_dir, params, world, step=0)
                     if position.step == 0 and validating else [])
-    with profiling:  # closes a window cut short; dumps a CUDA memory snapshot on out-of-memory
+    with profiling, explained_out_of_memory("loading or copying a batch", params, world, device, run_dir):
         for epoch in range(position.epoch, params.num_epochs):
             train_loader.sampler.set_epoch(epoch, start=position.batch_in_epoch * train_loader.batch_size)
             remaining = len(train_loader)  # fewer batches after a resume; a trial's under benchy

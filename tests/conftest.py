@@ -166,23 +166,46 @@ def snapshot(directory):
     return files
 
 
-# Runs train.main with a step that sends its own process the signal SIGNAL (default SIGUSR1, the batch
-# system's time-limit warning) during training step number SIGNAL_AT, prints "signal sent", and then,
-# with STEP_SECONDS set, takes that long: a deterministic stand-in for a signal arriving anywhere.
-SIGNAL_DURING_STEP = """
-import os, signal, sys, time
+# Runs train.main with the function TARGET ("module:name", default "train:train_step", the training step;
+# e.g. "utils.checkpoint:full_state_dicts" or "utils.data_loader:RandomCropDataset.__getitem__") wrapped: a
+# deterministic stand-in for what may happen anywhere. At its call number
+# - SIGNAL_AT, it sends its own process the signal SIGNAL (default SIGUSR1, the batch system's time-limit
+#   warning), prints "signal sent" and then, with STEP_SECONDS set, takes that long;
+# - FAIL_AT, it writes the size and sha256 of every file under RUN_DIR (none if there is no such folder yet) to
+#   the JSON file BEFORE, then raises the exception that the Python expression ERROR makes (with torch imported;
+#   an expression that raises, e.g. a petabyte asked of the GPU, raises its own error).
+DURING_CALL = """
+import hashlib, importlib, json, os, signal, sys, time
+import torch
 import train
 
-def signalling_step(model, optimizer, loss_fn, precision, params):
-    step, calls = train.default_step(model, optimizer, loss_fn, precision, params), [0]
-    def run(inputs, targets):
-        calls[0] += 1
-        if calls[0] == int(os.environ["SIGNAL_AT"]):
-            os.kill(os.getpid(), getattr(signal, os.environ.get("SIGNAL", "SIGUSR1")))
-            print("signal sent", flush=True)
-            time.sleep(float(os.environ.get("STEP_SECONDS", 0)))
-        return step(inputs, targets)
-    return run
+def file_digests(run_dir):
+    files = {}
+    for parent, _, names in os.walk(run_dir):
+        for name in names:
+            content = open(os.path.join(parent, name), "rb").read()
+            files[os.path.relpath(os.path.join(parent, name), run_dir)] = [len(content), hashlib.sha256(content).hexdigest()]
+    return files
 
-train.main(sys.argv[1:], make_step=signalling_step)
+module, _, name = os.environ.get("TARGET", "train:train_step").partition(":")
+owner = importlib.import_module(module)
+*path, attribute = name.split(".")
+for part in path:
+    owner = getattr(owner, part)
+original, calls = getattr(owner, attribute), [0]
+
+def during_call(*args, **kwargs):
+    calls[0] += 1
+    if calls[0] == int(os.environ.get("SIGNAL_AT", 0)):
+        os.kill(os.getpid(), getattr(signal, os.environ.get("SIGNAL", "SIGUSR1")))
+        print("signal sent", flush=True)
+        time.sleep(float(os.environ.get("STEP_SECONDS", 0)))
+    if calls[0] == int(os.environ.get("FAIL_AT", 0)):
+        json.dump(file_digests(os.environ["RUN_DIR"]), open(os.environ["BEFORE"], "w"))
+        raise eval(os.environ["ERROR"])
+    return original(*args, **kwargs)
+
+setattr(owner, attribute, during_call)
+train.main(sys.argv[1:])
 """
+SIGNAL_DURING_STEP = DURING_CALL  # with SIGNAL_AT: a signal during that training step

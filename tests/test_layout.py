@@ -18,14 +18,14 @@ UTILS_IMPORTS = {
     "YParams": {"errors", "logging_utils"},
     "accumulation": set(),  # the configuration block goes to out.log only
     "benchy": {"conv3d", "errors", "flops", "noise"},  # the MFU, at the peak of the precision that runs; noisy trials
-    "checkpoint": {"distributed", "files"},  # FSDP shards are gathered into one file
+    "checkpoint": {"distributed", "files", "out_of_memory"},  # FSDP shards are gathered into one file; an OOM explained
     "compiler": {"errors"},
     "conv3d": {"flops"},  # the precision the convolutions run in
     "convert_h5_to_npy": {"errors", "files"},
     "data_loader": {"symmetry", "errors", "signals"},  # workers shielded from the job's stop signals
     "data_loader_dali": {"convert_h5_to_npy", "data_loader", "errors", "symmetry"},  # reads what the converter writes
     "data_loader_gpu": {"symmetry", "data_loader", "errors"},  # the native loaders' crop specification
-    "distributed": {"errors"},
+    "distributed": {"errors", "out_of_memory"},  # NCCL's own out-of-memory error is no lost rank
     "halo": {"exact_forms"},  # receives the mesh from the caller; a block is convolved in its layer's form
     "exact_forms": {"errors"},  # the switch's refusal; the timing's process group is torch.distributed's own
     "env_check": set(),  # the standard library alone: it runs where nothing else is installed

@@ -21,7 +21,7 @@ Training step
     accumulation         gradient accumulation: one optimiser step over K micro-batches
     compiler             whether torch.compile can build here, asked before a run relies on it
     exact_forms          exact faster forms of the first and the transposed convolutions, same parameters
-    out_of_memory        a CUDA out-of-memory in a step or validation, told in one paragraph with the fixes
+    out_of_memory        a CUDA out-of-memory where a run allocates, told in one paragraph with the fixes
 Parallelism
     distributed          process group, DDP and FSDP, a lost rank; the domain mesh
     halo                 domain parallelism's halo exchange around each convolution

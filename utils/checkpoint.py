@@ -23,6 +23,7 @@ import torch
 
 from utils.distributed import World, agree_to_stop, full_state_dicts, load_full_state_dicts
 from utils.files import atomic_path
+from utils.out_of_memory import explained_out_of_memory
 
 CHECKPOINT_NAME = "checkpoint.pt"
 
@@ -106,7 +107,10 @@ class Checkpointer:
         if not agree_to_stop(due or elapsed >= self.params.checkpoint_interval_s, self.world, self.device):
             return
         start = time.monotonic()
-        save_checkpoint(self.path, model, optimizer, scaler, dataclasses.asdict(position), self.params, self.world)
+        # Out of GPU memory (the gather of FSDP's shards; copies to the host): the old checkpoint stays.
+        with explained_out_of_memory("writing the checkpoint", self.params, self.world, self.device,
+                                     os.path.dirname(self.path)):
+            save_checkpoint(self.path, model, optimizer, scaler, dataclasses.asdict(position), self.params, self.world)
         self.last_write = time.monotonic()
         if self.world.is_main:
             logging.info("Checkpoint written in %.2f sec (%.2f GiB): %s", self.last_write - start,

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from utils.errors import RankError, UserError, exit_now
+from utils.out_of_memory import is_out_of_memory
 
 
 def dtensor_module():
@@ -387,9 +388,12 @@ LOST_RANK_PHRASES = ("connection closed by peer", "connection reset by peer", "b
 
 
 def is_lost_rank_error(error):
-    """Whether ``error`` says that another rank died or stopped answering in a collective."""
+    """Whether ``error`` says that another rank died or stopped answering in a collective. NCCL's own
+    out-of-memory error is a ``DistError`` too, but this rank ran out: utils/out_of_memory.py says so."""
     if not (dist.is_available() and dist.is_initialized()):
         return False  # no process group: there is no other rank to lose
+    if is_out_of_memory(error):
+        return False
     if isinstance(error, dist.DistError):
         return True
     text = str(error).lower()

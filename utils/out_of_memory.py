@@ -1,8 +1,12 @@
-"""A CUDA out-of-memory error in training or validation, ended in one paragraph: the batch, the memory, the fixes.
+"""A CUDA out-of-memory error in a training run, ended in one paragraph: the batch, the memory, the fixes.
 
 torch's own message names bytes and allocator settings; what a user changes is the batch, the
-precision or the number of ranks a sample is split over. train.py wraps its step and its validation
-in :func:`guard_out_of_memory`, which turns ``torch.cuda.OutOfMemoryError`` into
+precision or the number of ranks a sample is split over. What allocates GPU memory in a training
+run runs under :func:`explained_out_of_memory` (:func:`guard_out_of_memory` for a function): in
+train.py building the model (``--exact_forms=auto`` times each layer at the run's micro-batch), the
+step, validation and the loop around them (the loader's next batch, with the device prefetcher's
+copy or ``--side_stream_gather``'s gather; a batch's copy to the device); in utils/checkpoint.py the
+writing of a checkpoint. There an error that :func:`is_out_of_memory` recognises becomes
 :class:`OutOfMemory`, a paragraph that says:
 
 - the batch: samples per rank, per micro-batch (``--grad_accum_steps``), the global batch, the
@@ -12,12 +16,24 @@ in :func:`guard_out_of_memory`, which turns ``torch.cuda.OutOfMemoryError`` into
 - the fixes: a smaller ``--local_batch_size``, more ``--grad_accum_steps`` (the same global batch
   in smaller micro-batches), a domain mesh (each sample split over ranks), a lower precision.
 
+Not every out-of-memory error is torch's ``torch.cuda.OutOfMemoryError``. Other libraries fail to
+allocate too, and torch raises their error as a ``RuntimeError`` whose text says so: cuDNN under
+memory pressure ("FIND was unable to find an engine", ``CUDNN_STATUS_INTERNAL_ERROR``,
+``CUDNN_STATUS_ALLOC_FAILED``), cuFFT's plans (``CUFFT_ALLOC_FAILED``, the validation metrics'
+spectra), cuBLAS's handles, the CUDA driver outside the allocator ("CUDA error: out of memory", a
+``torch.AcceleratorError`` in newer torch: a stream, an event, a CUDA graph's instantiation) and
+NCCL's own buffers (a ``DistBackendError`` that says "out of memory";
+:func:`utils.distributed.is_lost_rank_error` does not call it a lost rank). The paragraph quotes
+the line of such an error that says so, since some of these (cuDNN's internal error) have other
+causes too.
+
 :class:`OutOfMemory` is a :class:`~utils.errors.RankError` (only the rank that ran out knows it; it
 prints its own paragraph and the run ends with status 2, the others when they lose it) and still a
 ``torch.cuda.OutOfMemoryError``, so that :class:`utils.profiling.Profiling` dumps its memory snapshot
 on the way out; the paragraph, printed after that, names the snapshot it wrote. Nothing is written
 on the way: the last checkpoint, written whole at an epoch's end, stays as it was.
 """
+import contextlib
 import functools
 import os
 import re
@@ -30,15 +46,40 @@ from utils.errors import RankError
 GIB = 2**30
 
 
+# What the error of a library other than torch's allocator says when it could not allocate (lower case).
+OUT_OF_MEMORY_PHRASES = ("out of memory",                   # the CUDA driver's error, NCCL's "Cuda failure"
+                         "alloc_failed",                    # CUDNN_STATUS_, CUFFT_, CUBLAS_STATUS_ALLOC_FAILED
+                         "unable to find an engine",        # cuDNN: no algorithm whose workspace fits
+                         "cudnn_status_internal_error")     # cuDNN, most often an allocation inside it
+
+
+def is_out_of_memory(error):
+    """Whether ``error`` says that the GPU ran out of memory: torch's own error, or a runtime error of
+    cuDNN, cuFFT, cuBLAS, the CUDA driver or NCCL whose text says so."""
+    if isinstance(error, torch.cuda.OutOfMemoryError):
+        return True
+    runtime = (RuntimeError, getattr(torch, "AcceleratorError", RuntimeError))  # torch 2.4 has no AcceleratorError
+    return isinstance(error, runtime) and line_saying_so(error) is not None
+
+
+def line_saying_so(error):
+    """The line of ``error``'s text that says it is out of memory, or None."""
+    return next((line.strip() for line in str(error).splitlines()
+                 if any(phrase in line.lower() for phrase in OUT_OF_MEMORY_PHRASES)), None)
+
+
 class OutOfMemory(RankError, torch.cuda.OutOfMemoryError):
     """Out of GPU memory, explained. The memory snapshot, when Profiling writes one after this error is
-    raised, is named when the paragraph is printed."""
+    raised, is named when the paragraph is printed; ``snapshot`` False: none can be recorded where it
+    happened (before training starts)."""
 
     def __init__(self, text, snapshot=None):
         super().__init__(text)
         self.text, self.snapshot, self.raised = text, snapshot, time.time()
 
     def __str__(self):
+        if self.snapshot is False:
+            return self.text
         written = (self.snapshot is not None and os.path.exists(self.snapshot)
                    and os.path.getmtime(self.snapshot) >= self.raised - 1)
         if written:
@@ -65,40 +106,62 @@ def larger_divisor(number, than):
     return next((k for k in range(than + 1, number + 1) if number % k == 0), None)
 
 
+@contextlib.contextmanager
+def explained_out_of_memory(where, params, world, device, run_dir=None):
+    """Raise an out-of-memory error in the block (:func:`is_out_of_memory`; ``where``: "a training step",
+    ...) as :class:`OutOfMemory`; pass any other error, and one already explained, as it is. ``run_dir``:
+    the run directory, None before it is known (nothing is written then)."""
+    try:
+        yield
+    except OutOfMemory:
+        raise
+    except Exception as error:
+        if not is_out_of_memory(error):
+            raise
+        raise explain(error, where, params, world, device, run_dir) from error
+
+
 def guard_out_of_memory(function, where, params, world, device, run_dir):
-    """``function``, with a CUDA out-of-memory error in it (``where``: "a training step", ...) raised as
-    :class:`OutOfMemory`. One Python call more per step; no host synchronisation."""
+    """``function`` run under :func:`explained_out_of_memory`. A few Python calls more per call; no host
+    synchronisation."""
     @functools.wraps(function)
     def guarded(*args, **kwargs):
-        try:
+        with explained_out_of_memory(where, params, world, device, run_dir):
             return function(*args, **kwargs)
-        except OutOfMemory:
-            raise
-        except torch.cuda.OutOfMemoryError as error:
-            raise explain(error, where, params, world, device, run_dir) from error
     return guarded
 
 
-def explain(error, where, params, world, device, run_dir):
-    """The :class:`OutOfMemory` paragraph for torch's ``error``, read while the failed step's tensors live."""
+def explain(error, where, params, world, device, run_dir=None):
+    """The :class:`OutOfMemory` paragraph for ``error``, read while the failed step's tensors live."""
     ranks_per_sample = params.domain_mesh[0] * params.domain_mesh[1] * params.domain_mesh[2]
     data_parallel = max(world.size // ranks_per_sample, 1)
     local = params.global_batch_size // data_parallel
     steps = params.grad_accum_steps
     micro = local // steps
-    asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", str(error))
-    text = (f"Rank {world.rank} ran out of GPU memory on {device} in {where}"
-            f"{' (tried to allocate ' + asked.group(1) + ')' if asked else ''}. The batch: {local} sample(s) per rank"
+    text = (f"Rank {world.rank} ran out of GPU memory on {device} in {where}{what_failed(error)}. "
+            f"The batch: {local} sample(s) per rank"
             + (f" in {steps} micro-batches of {micro} (--grad_accum_steps={steps})" if steps > 1 else "")
             + f", a global batch of {params.global_batch_size} over {data_parallel} data-parallel rank(s)"
             + (f", each sample split over {ranks_per_sample} ranks (--domain_mesh={list(params.domain_mesh)})"
                if ranks_per_sample > 1 else "")
             + f", crops of {params.crop_size}^3, precision {precision_name(params.amp_mode)}. "
             + describe_memory(memory_at_failure(device)) + " " + fixes(params, local, steps, micro)
-            + f" Nothing was written after the last checkpoint: the run directory {run_dir} keeps it, if the run "
-            "has one, as its last epoch left it.")
+            + (" Nothing was written." if run_dir is None else
+               f" Nothing was written after the last checkpoint: the run directory {run_dir} keeps it, if the run "
+               "has one, as its last epoch left it."))
+    if run_dir is None:  # before training: no memory history is recorded yet
+        return OutOfMemory(text, snapshot=False)
     snapshot = os.path.join(run_dir, f"memory_snapshot_oom_rank{world.rank}.pickle")
     return OutOfMemory(text, snapshot if params.memory_snapshot else None)
+
+
+def what_failed(error):
+    """What the error says it could not do: torch's allocator the size it asked for ("tried to allocate
+    2.00 GiB"), another library the line that says so (cuDNN's internal error may have other causes too)."""
+    if isinstance(error, torch.cuda.OutOfMemoryError):
+        asked = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", str(error))
+        return f" (tried to allocate {asked.group(1)})" if asked else ""
+    return f" ({type(error).__name__}: {line_saying_so(error)})"
 
 
 def fixes(params, local, steps, micro):
