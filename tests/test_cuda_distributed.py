@@ -91,13 +91,30 @@ def test_the_halo_exchange_probe_works_between_cpu_ranks(tmp_path):
     assert exchange_halos(tmp_path, {}) == [{"received": [2.0]}, {"received": [1.0]}]
 
 
-def exchange_halos(out_dir, env):
+def test_a_probe_whose_ranks_crash_counts_as_failing_not_as_an_error(tmp_path):
+    """gloo on CUDA tensors may abort a rank rather than raise: the GPU test takes that as "cannot send".
+    Here a rank crashes at once (a device that does not exist)."""
+    assert exchange_halos(tmp_path, {"TEST_DEVICE": "no_such_device"}, failed="crashed") == "crashed"
+    with pytest.raises(AssertionError):
+        exchange_halos(tmp_path, {"TEST_DEVICE": "no_such_device"})
+
+
+def exchange_halos(out_dir, env, failed=None):
+    """Each rank's received halo. A rank that crashes or hangs fails the test, or, with ``failed``, returns
+    ``failed`` in place of the outcomes (gloo on CUDA tensors may abort or hang instead of raising)."""
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():
             patch.setenv(name, value)
         with ranks("halo_exchange", out_dir, timeout_s=30) as processes:
-            for process in processes:
-                process.wait(timeout=timeout_for(120))
+            try:
+                for process in processes:
+                    process.wait(timeout=timeout_for(120))
+            except subprocess.TimeoutExpired:
+                if failed is None:
+                    raise
+                return failed  # the ranks context ends the processes
+    if failed is not None and [p.returncode for p in processes] != [0, 0]:
+        return failed
     assert [p.returncode for p in processes] == [0, 0], logs(out_dir, "halo_exchange")
     return [json.loads((out_dir / f"halo_exchange.rank{rank}.json").read_text()) for rank in (0, 1)]
 
@@ -164,9 +181,10 @@ def test_accumulation_on_cuda_tensors_matches_one_rank(cuda_runs, variant):
 @needs_cuda()
 def test_gloo_still_cannot_send_cuda_tensors_point_to_point(tmp_path):
     """Why a domain mesh is refused over gloo on GPUs: the halo exchange's messages, on CUDA tensors, fail
-    or arrive wrong. If this test fails, gloo has learnt to send them: drop the refusal in
-    utils.distributed.check_parallel_options and add the mesh to the train.py runs below."""
-    outcomes = exchange_halos(tmp_path, GLOO_ON_GPU)
+    or arrive wrong (a rank that crashes or hangs counts as failing). If this test fails, gloo has learnt to
+    send them: drop the refusal in utils.distributed.check_parallel_options and add the mesh to the train.py
+    runs below."""
+    outcomes = exchange_halos(tmp_path, GLOO_ON_GPU, failed="a rank crashed or hung")
     assert outcomes != [{"received": [2.0]}, {"received": [1.0]}], outcomes
 
 
