@@ -1,19 +1,26 @@
 """utils/exact_forms.py: each exact form equals the layer it replaces, alone, in the U-Net, inside the halo
 exchange and across checkpoints; and the --exact_forms switch."""
 import logging
+import os
+import sys
 import types
 
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+import yaml
 
 import train
-from conftest import needs_cuda
+from conftest import ROOT, needs_cuda, run_with_estimate, timeout_for
 from networks.UNet import UNet
 from test_halo import run_ranks
+from test_train import data_args
 from utils import exact_forms
 from utils.checkpoint import load_checkpoint, save_checkpoint
+from utils.compiler import compile_problem
 from utils.errors import UserError
+from utils.losses import build_loss
 from utils.exact_forms import (ExactConv, SpaceToDepthConv, SubPixelTransposedConv, exact_form, from_parities,
                                plain_form, to_parities, use_exact_forms)
 from utils.optim import Precision, build_optimizer
@@ -291,3 +298,118 @@ def test_every_rank_computes_with_rank_0_s_choice(tmp_path):
     """Under DDP each rank times the forms itself, and the timings differ: rank 0's decide for all."""
     results = run_ranks("auto_choice", [1, 1, 1], tmp_path)
     assert [result["chosen"] for result in results] == [results[0]["candidates"]] * 2
+
+
+class LayoutCopies(TorchDispatchMode):
+    """The operators that write a tensor of at least ``size`` elements by moving data (copies, pads, clones,
+    casts), in the order they run: a reshuffle's cost, apart from the convolutions."""
+    MOVES = {"copy_", "clone", "_to_copy", "constant_pad_nd", "_unsafe_view", "cat", "flip", "as_strided_scatter"}
+
+    def __init__(self, size):
+        super().__init__()
+        self.size, self.ops = size, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        output = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name in self.MOVES and isinstance(output, torch.Tensor) and output.numel() >= self.size:
+            self.ops.append(name)
+        return output
+
+
+def layer_copies(kind, memory_format, dtype):
+    """The data-sized copies of a layer's forward and of its backward, plain and in its exact form, under
+    autocast to ``dtype`` (None: none)."""
+    torch.manual_seed(0)
+    if kind is nn.ConvTranspose3d:
+        layer, x = kind(16, 5, 4, stride=2, padding=1), torch.randn(2, 16, 16, 16, 16, requires_grad=True)
+    else:
+        layer, x = kind(4, 16, 4, stride=2, padding=1), torch.randn(2, 4, 32, 32, 32)
+    layer, x = layer.to(memory_format=memory_format), x.detach().to(memory_format=memory_format)
+    x.requires_grad_(kind is nn.ConvTranspose3d)
+    size = min(x.numel(), 2 * 5 * 32 ** 3) // 2  # half the smaller of input and output: weights are far smaller
+    found = {}
+    for form in (plain_form(layer), exact_form(layer)):
+        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None), LayoutCopies(size) as forward:
+            output = form.forward(x, layer.weight, layer.bias, (1, 1, 1))
+        with LayoutCopies(size) as backward:
+            torch.autograd.grad(output, [t for t in (x, layer.weight, layer.bias) if t.requires_grad],
+                                torch.randn_like(output))
+        found[form.name] = (forward.ops, backward.ops)
+    return found
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last_3d],
+                         ids=["contiguous", "channels_last"])
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
+def test_each_reshuffle_is_one_copy_in_either_layout(memory_format, dtype):
+    """Depth to space with the crop, and space to depth with the padding, each ONE copy in the run's layout;
+    under autocast the first layer's input is cast before its reshuffle, once, as the plain layer casts it."""
+    cast = ["_to_copy"] if dtype else []
+    first = layer_copies(nn.Conv3d, memory_format, dtype)
+    assert first == {"plain": (cast, []), "space-to-depth": (cast + ["copy_"], [])}  # the data needs no gradient
+    last = layer_copies(nn.ConvTranspose3d, memory_format, dtype)
+    assert last == {"plain": (cast, cast), "sub-pixel": (cast + ["copy_"], ["copy_"] + cast)}
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["contiguous", "channels_last"])
+def test_the_compiled_training_step_with_the_forms_equals_the_eager_plain_one(channels_last):
+    """train.py's compiled step (model and loss as one function, forward and backward) with every form on, in
+    float64 on the CPU (Inductor's C++ kernels): one graph, and the loss and every gradient of the eager
+    plain U-Net."""
+    problem = compile_problem()
+    if problem:
+        pytest.skip(problem)
+    import torch._dynamo
+
+    options = [f"--channels_last={str(channels_last).lower()}", "--jit_mode=compile"]
+    forms, params = built("on", **dict(option[2:].split("=") for option in options))
+    plain, _ = built("off", **dict(option[2:].split("=") for option in options))
+    assert sum(isinstance(m, ExactConv) for m in forms.modules()) == 7
+    layout = train.memory_format(params)
+    x, y = (torch.randn(2, c, 32, 32, 32, dtype=torch.float64).to(memory_format=layout) for c in (4, 5))
+    torch._dynamo.reset()
+    counts = torch._dynamo.utils.counters
+    counts.clear()
+    compiled = train.training_loss(forms.double(), build_loss(params), params)
+    loss = compiled(x, y)
+    grads = torch.autograd.grad(loss, list(forms.parameters()))
+    expected = build_loss(params)(plain.double()(x), y)
+    assert counts["stats"]["unique_graphs"] == 1 and not counts["graph_break"]
+    assert torch.allclose(loss, expected, rtol=1e-10, atol=0)
+    for got, want in zip(grads, torch.autograd.grad(expected, list(plain.parameters()))):
+        assert_same(got, want)
+
+
+# train.py with auto's decision injected (this CPU keeps the layers plain without timing): the last layer in
+# its form; with CHOICE=none the decision must not be made again.
+AUTO_DECIDES_LAST = """
+import os, sys
+import train
+from utils import exact_forms
+
+def injected(model, layers, params, device, mesh):
+    assert os.environ["CHOICE"] == "last", "auto timed the forms again"
+    return ["last"], "auto: injected"
+
+exact_forms.choose_forms = injected
+train.main(sys.argv[1:])
+"""
+
+
+def test_auto_s_choice_is_recorded_and_a_resume_computes_with_it_without_deciding_again(data_files, tmp_path):
+    """The first run asks for auto (the test config's layers are plain); its resume names no --exact_forms."""
+    args = data_args(data_files, tmp_path, "--run_num=auto", "--val_metrics=false")
+    for choice, extra in (("last", ["--exact_forms=auto", "--num_epochs=1"]),
+                          ("none", ["--resume", "--num_epochs=2", "--allow_changes=num_epochs"])):
+        result = run_with_estimate([sys.executable, "-c", AUTO_DECIDES_LAST, *args, *extra], timeout_for(300),
+                                   cwd=ROOT, env={**os.environ, "CHOICE": choice})
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_dir = tmp_path / "test" / "1CPU" / "auto"
+    with open(run_dir / "config.yaml") as f:
+        record = yaml.safe_load(f)
+    assert record["exact_forms"] == ["last"] and record["resumed"][0]["changed"] == {"num_epochs": [1, 2]}
+    lines = [line.split(" - ")[-1] for line in (run_dir / "out.log").read_text().splitlines() if "Exact forms:" in line]
+    plain = "down.0.0 plain, down.1.0 plain, up.0.0 plain, up.1.0 plain, up.2.0 plain, up.3.0 plain"
+    assert lines == [f"Exact forms: {plain}, last sub-pixel (auto: injected; recorded as --exact_forms=[last]).",
+                     f"Exact forms: {plain}, last sub-pixel (--exact_forms=[last])."]

@@ -66,7 +66,7 @@ def parity_grid(parities, shifts):
     for axis, shift in enumerate(shifts):
         size += [sides[axis] - shift, 2]
         stride += [strides[5 + axis], strides[1 + axis] + shift * strides[5 + axis]]
-    return parities.as_strided(size, stride, parities.storage_offset())
+    return parities.as_strided(size, stride)  # from the storage offset of parities
 
 
 def voxel_pairs(x):
