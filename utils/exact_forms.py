@@ -135,8 +135,8 @@ def pad_each_axis(x, before, after):
 def in_autocast_dtype(x):
     """``x`` cast as autocast would cast it for a convolution (where autocast is on): the first layer's
     input is then reshuffled in half the bytes, and cast once."""
-    kind = x.device.type
-    if torch.is_autocast_enabled(kind) and x.is_floating_point() and x.dtype != torch.float64:
+    kind = x.device.type  # autocast exists on the devices a run uses, not on the meta device
+    if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind) and x.is_floating_point() and x.dtype != torch.float64:
         return x.to(torch.get_autocast_dtype(kind))
     return x
 
