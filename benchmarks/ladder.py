@@ -54,6 +54,7 @@ from utils.compiler import compile_problem
 from utils.distributed import World, parallelize
 from utils.conv3d import AMP_DTYPES, conv_backends, known_issues, on_cudnn, running_precision
 from utils.errors import exit_on_user_error
+from utils.exact_forms import option_text
 from utils.flops import resolve_peak_flops, unet_flops_per_sample
 from utils.losses import build_loss
 from utils.optim import Precision, build_optimizer
@@ -199,7 +200,7 @@ def ladder_options(rung, exact_forms, decided=None):
     if exact_forms and not any(option.startswith("--exact_forms=") for option in options):
         options.append("--exact_forms=off")
     if decided is not None and "--exact_forms=auto" in options:
-        options[options.index("--exact_forms=auto")] = f"--exact_forms=[{','.join(decided)}]"
+        options[options.index("--exact_forms=auto")] = f"--exact_forms={option_text(decided)}"
     return options
 
 

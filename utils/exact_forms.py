@@ -298,6 +298,11 @@ class ExactConv(nn.Module):
         return f"{kind} {self.in_channels} -> {self.out_channels} in the {self.form.name} form"
 
 
+def option_text(setting):
+    """``--exact_forms``'s value as the command line writes it: ``auto``, ``on``, ``off`` or ``[down.0.0,last]``."""
+    return f"[{','.join(setting)}]" if isinstance(setting, list) else str(setting)
+
+
 def check_exact_forms(setting, names):
     """Refuse an ``--exact_forms`` that is neither a mode nor a list of the layers (``names``) that have a form."""
     if isinstance(setting, list):
@@ -310,7 +315,7 @@ def check_exact_forms(setting, names):
         return
     else:
         problem = "is not a valid choice"
-    raise UserError(f"--exact_forms={setting} {problem}: use auto (the default: each slow layer in its exact faster "
+    raise UserError(f"--exact_forms={option_text(setting)} {problem}: use auto (the default: each slow layer in its exact faster "
                     "form where that is faster on this device), on (every layer that has an exact form uses it), "
                     "off (the layers as networks/UNet.py defines them), or a list of the layers to compute in their "
                     f"forms, e.g. --exact_forms=[{names[0]},{names[-1]}] ([] for none), of {', '.join(names)}.")
@@ -343,9 +348,9 @@ def use_exact_forms(model, params, device, mesh=None):
     elif setting == "auto":
         chosen, why = choose_forms(model, layers, params, device, mesh)
         params["exact_forms"] = chosen
-        why += f"; recorded as --exact_forms=[{','.join(chosen)}]"
+        why += f"; recorded as --exact_forms={option_text(chosen)}"
     else:
-        chosen, why = setting, f"--exact_forms=[{','.join(setting)}]"
+        chosen, why = setting, f"--exact_forms={option_text(setting)}"
     for name, parent, attribute, layer, form in layers:
         if name in chosen:
             setattr(parent, attribute, ExactConv(layer, form))
