@@ -213,7 +213,8 @@ def test_auto_on_a_gpu_keeps_the_faster_form_of_each_layer(monkeypatch):
     seconds = {"down.0.0": (2.0, 1.0), "last": (3.0, 1.5), "down.1.0": (1.0, 1.0)}
     names = {id(module): name for name, *_, module, _ in layers}
     monkeypatch.setattr(exact_forms, "convolution_inputs", lambda *args: (None, {name: None for name, *_ in layers}))
-    monkeypatch.setattr(exact_forms, "time_forms", lambda layer, forms, *args: seconds.get(names[id(layer)], (1.0, 2.0)))
+    monkeypatch.setattr(exact_forms, "time_forms",
+                        lambda layer, forms, *args: seconds.get(names[id(layer)], (1.0, 2.0)))
     params = load_params(["--config=test"])
     chosen, why = exact_forms.choose_forms(model, layers, params, torch.device("cuda"), None)
     assert chosen == ["down.0.0", "last"]  # down.1.0's tie keeps the plain layer
@@ -329,7 +330,8 @@ def layer_copies(kind, memory_format, dtype):
     size = min(x.numel(), 2 * 5 * 32 ** 3) // 2  # half the smaller of input and output: weights are far smaller
     found = {}
     for form in (plain_form(layer), exact_form(layer)):
-        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None), LayoutCopies(size) as forward:
+        autocast = torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+        with autocast, LayoutCopies(size) as forward:
             output = form.forward(x, layer.weight, layer.bias, (1, 1, 1))
         with LayoutCopies(size) as backward:
             torch.autograd.grad(output, [t for t in (x, layer.weight, layer.bias) if t.requires_grad],

@@ -136,7 +136,8 @@ def in_autocast_dtype(x):
     """``x`` cast as autocast would cast it for a convolution (where autocast is on): the first layer's
     input is then reshuffled in half the bytes, and cast once."""
     kind = x.device.type  # autocast exists on the devices a run uses, not on the meta device
-    if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind) and x.is_floating_point() and x.dtype != torch.float64:
+    eligible = x.is_floating_point() and x.dtype != torch.float64  # as autocast's own casts
+    if eligible and kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind):
         return x.to(torch.get_autocast_dtype(kind))
     return x
 
@@ -300,7 +301,7 @@ class ExactConv(nn.Module):
 
 def option_text(setting):
     """``--exact_forms``'s value as the command line writes it: ``auto``, ``on``, ``off`` or ``[down.0.0,last]``."""
-    return f"[{','.join(setting)}]" if isinstance(setting, list) else str(setting)
+    return f"[{','.join(map(str, setting))}]" if isinstance(setting, list) else str(setting)
 
 
 def check_exact_forms(setting, names):
@@ -315,10 +316,11 @@ def check_exact_forms(setting, names):
         return
     else:
         problem = "is not a valid choice"
-    raise UserError(f"--exact_forms={option_text(setting)} {problem}: use auto (the default: each slow layer in its exact faster "
-                    "form where that is faster on this device), on (every layer that has an exact form uses it), "
-                    "off (the layers as networks/UNet.py defines them), or a list of the layers to compute in their "
-                    f"forms, e.g. --exact_forms=[{names[0]},{names[-1]}] ([] for none), of {', '.join(names)}.")
+    raise UserError(f"--exact_forms={option_text(setting)} {problem}: use auto (the default: each slow layer in its "
+                    "exact faster form where that is faster on this device), on (every layer that has an exact form "
+                    "uses it), off (the layers as networks/UNet.py defines them), or a list of the layers to compute "
+                    f"in their forms, e.g. --exact_forms=[{names[0]},{names[-1]}] ([] for none), of "
+                    f"{', '.join(names)}.")
 
 
 def candidates(model):
@@ -426,7 +428,8 @@ def time_forms(layer, forms, shape, first, params, device, rounds=7):
         dtype=torch.float32 if first or dtype is None else dtype, memory_format=memory_format)
     weight = layer.weight.detach().clone().requires_grad_(True)
     bias = None if layer.bias is None else layer.bias.detach().clone().requires_grad_(True)
-    inputs = [tensor for tensor in (x.requires_grad_(not first), weight, bias) if tensor is not None and tensor.requires_grad]
+    inputs = [tensor for tensor in (x.requires_grad_(not first), weight, bias)
+              if tensor is not None and tensor.requires_grad]
     grads = {}
 
     def forward_backward(form):
