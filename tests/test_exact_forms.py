@@ -270,7 +270,8 @@ def test_auto_on_the_gpu_decides_and_says_so(caplog):
     with caplog.at_level(logging.INFO):
         model = train.build_model(params, torch.device("cuda"))
     [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Exact forms")]
-    assert "timed forward + backward" in line
+    assert "timed eager, forward + backward" in line and isinstance(params.exact_forms, list)
+    assert line.endswith(f"recorded as --exact_forms={exact_forms.option_text(params.exact_forms)}).")
     x = torch.randn(2, 4, 32, 32, 32, device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
         model(x).float().sum().backward()
