@@ -54,6 +54,7 @@ from utils.compiler import compile_problem
 from utils.distributed import World, parallelize
 from utils.conv3d import AMP_DTYPES, conv_backends, known_issues, on_cudnn, running_precision
 from utils.errors import exit_on_user_error
+from utils.exact_forms import option_text
 from utils.flops import resolve_peak_flops, unet_flops_per_sample
 from utils.losses import build_loss
 from utils.optim import Precision, build_optimizer
@@ -71,13 +72,15 @@ class Rung:
 
 # The ladder: each rung adds one thing to the one before it, so that the last is everything together,
 # the best rung. The exact forms (--exact_forms) are off until their rung: a rung before it that left
-# the switch at its default would take them where they are faster (ladder_options adds the "off").
+# the switch at its default would take them where they are faster (ladder_options adds the "off"). Their
+# rung is auto's, the layers the timing finds faster; the first rung measured with auto decides, and the
+# others compute with its list of layers (ladder_options), so that every rung with the forms has the same.
 FP32 = ["--data_loader_config=gpu-inmem"]
 BF16 = [*FP32, "--amp_mode=bf16"]
 BF16_FUSED = [*BF16, "--enable_fused"]
 CHANNELS_LAST = [*BF16_FUSED, "--channels_last"]
 COMPILED = [*CHANNELS_LAST, "--jit_mode=compile"]
-EXACT_FORMS = [*COMPILED, "--exact_forms=on"]
+EXACT_FORMS = [*COMPILED, "--exact_forms=auto"]
 LADDER_RUNGS = [
     Rung("gpu-inmem", FP32, step=4),
     Rung("+ AMP bf16", BF16, step=5),
@@ -96,7 +99,7 @@ ALONE_RUNGS = [
     Rung("fp16 instead of bf16", [*FP32, "--amp_mode=fp16", "--enable_fused"], step=12, table="alone"),
     Rung("TorchScript loss", [*BF16_FUSED, "--enable_jit"], step=13, table="alone"),
     Rung("torch.compile", [*BF16_FUSED, "--jit_mode=compile"], step=14, table="alone"),
-    Rung("exact forms", [*BF16_FUSED, "--exact_forms=on"], step=15, table="alone"),
+    Rung("exact forms", [*BF16_FUSED, "--exact_forms=on"], step=15, table="alone"),  # every layer that has one
     Rung("CUDA graph", BF16_FUSED, "train_graph.py", step=16, table="alone"),
     Rung("batch 8", [*BF16_FUSED, "--global_batch_size=8"], step=17, table="alone"),
     Rung("batch 8 + CUDA graph", [*BF16_FUSED, "--global_batch_size=8"], "train_graph.py", step=18, table="alone"),
@@ -123,6 +126,12 @@ HOST_LOADER_RUNGS = [
 ]
 # The local batches of the sweep at the best rung (GPU only: it measures what a GPU's memory holds).
 BATCH_SWEEP = (64, 128, 256)
+# Every compiled rung runs with Inductor's layout optimisation on. Its heuristic turns it off for a whole
+# graph that holds a convolution with at least twice as many input as output channels, as the sub-pixel
+# form of the last layer (128 -> 40) is: held on, "+ exact forms" differs from "+ torch.compile" in the
+# forms alone, and the compiled rung without them measures what it measured before (the heuristic keeps
+# it on for the plain U-Net on a GPU). torch._inductor.config reads this variable when it is imported.
+COMPILED_ENVIRONMENT = {"TORCHINDUCTOR_FORCE_LAYOUT_OPT": "1"}
 # The loader comparison of the tutorial's CPU section: crop 32, batch 8, a width-16 U-Net. The first
 # rung is the original tutorial's lowmem loader: the same reads, but one of 24 rotations applied to
 # the grid alone (its velocity components were never turned); the second is this repository's.
@@ -175,20 +184,35 @@ def has_config_key(key):
 def skip_reason(rung, exact_forms=None):
     """Why this machine cannot run the rung (None when it can): torch.compile's toolchain, or a tree
     without the exact forms' switch (``exact_forms``: whether the config has it; looked up when None)."""
-    if "--exact_forms=on" in rung.options and not (has_config_key("exact_forms") if exact_forms is None
-                                                   else exact_forms):
+    names_forms = any(option.startswith("--exact_forms=") for option in rung.options)
+    if names_forms and not (has_config_key("exact_forms") if exact_forms is None else exact_forms):
         return "this tree's configuration has no exact_forms key (--exact_forms)"
     if "--jit_mode=compile" in rung.options:
         return compile_problem()
     return None
 
 
-def ladder_options(rung, exact_forms):
+def ladder_options(rung, exact_forms, decided=None):
     """The rung's options, with ``--exact_forms=off`` where it does not name the switch and the config has
-    it (``exact_forms``): a rung below the exact forms' own measures without them, whatever the default."""
-    if exact_forms and not any(option.startswith("--exact_forms=") for option in rung.options):
-        return [*rung.options, "--exact_forms=off"]
-    return list(rung.options)
+    it (``exact_forms``): a rung below the exact forms' own measures without them, whatever the default.
+    ``decided``: the layers an earlier rung's ``--exact_forms=auto`` chose, which this rung's auto takes."""
+    options = list(rung.options)
+    if exact_forms and not any(option.startswith("--exact_forms=") for option in options):
+        options.append("--exact_forms=off")
+    if decided is not None and "--exact_forms=auto" in options:
+        options[options.index("--exact_forms=auto")] = f"--exact_forms={option_text(decided)}"
+    return options
+
+
+def decided_forms(entries):
+    """The layers the first measured rung with ``--exact_forms=auto`` computed in their forms (None before one)."""
+    return next((entry["exact_forms"] for entry in entries if isinstance(entry.get("exact_forms"), list)), None)
+
+
+def rung_environment(options):
+    """The environment variables a rung's process gets beyond this one's: :data:`COMPILED_ENVIRONMENT` where
+    it compiles."""
+    return dict(COMPILED_ENVIRONMENT) if "--jit_mode=compile" in options else {}
 
 
 def sweep_rungs(best, batches=BATCH_SWEEP):
@@ -280,7 +304,7 @@ def measure_rung(options, script, args, nbatches):
                          nbatches=nbatches, ntrials=args.ntrials, nwarmup=args.nwarmup,
                          batch_size=params.global_batch_size, flops_per_sample=unet_flops_per_sample(params),
                          peak_flops=peak)
-    return {**summary, "precision": precision}
+    return {**summary, "precision": precision, "exact_forms": params.exact_forms}  # auto's choice: a list
 
 
 def measure_in_process(rung, common, args, sizes, log_path):
@@ -292,7 +316,7 @@ def measure_in_process(rung, common, args, sizes, log_path):
         code = run([sys.executable, "-m", "benchmarks.ladder", "--measure_rung",
                     json.dumps({"options": common + rung.options, "script": rung.script}), "--result", result,
                     "--nbatches", str(nbatches), "--ntrials", str(ntrials), "--nwarmup", str(nwarmup)],
-                   log_path, args.rung_timeout, mode="a")
+                   log_path, args.rung_timeout, mode="a", env={**os.environ, **rung_environment(rung.options)})
         if code != 0 or not os.path.exists(result):
             return {"error": f"its process failed ({outcome(code)}); see {os.path.basename(log_path)}"}
         with open(result) as f:
@@ -354,6 +378,8 @@ def markdown_table(report):
             return f"| {entry['name']} | {outcome} | | | | | | |"
         mfu = entry["mfu"] or {}
         name = f"{entry['name']} (slow here: {entry['slow']})" if entry.get("slow") else entry["name"]
+        if isinstance(entry.get("exact_forms"), list):  # auto's choice, or the one it took from the rung that made it
+            name += f" (exact forms: {', '.join(entry['exact_forms']) or 'none'})"
         spreads = " / ".join(noise.spread_text(trials) for trials in trials_of(entry).values())
         return (f"| {name} | {number(entry['full'])} | {number(entry['synthetic'])} | {number(entry['io'])} "
                 f"| {spreads if entry.get('trials') else 'n/a'} | {number(mfu.get('synthetic'), 3)} "
@@ -371,6 +397,11 @@ def markdown_table(report):
         lines += ["", *header, *(row(entry) for entry in sorted(entries, key=lambda entry: entry.get("step", 0)))]
     if report.get("batch_sweep_skipped"):
         lines += ["", f"{TABLES['batch']}: {report['batch_sweep_skipped']}."]
+    held = sorted({f"{key}={value}" for entry in report["runs"] + tables["batch"]
+                   for key, value in entry.get("environment", {}).items()})
+    if held:
+        lines += ["", f"The compiled rungs ran with {', '.join(held)}: Inductor's layout optimisation on in all of "
+                  "them, with the exact forms and without."]
     busy = judgement(report)
     if busy:
         lines += ["", f"Not a ranking: {busy}."]
@@ -451,7 +482,8 @@ def main(argv=None):
               + " ".join(sys.argv[1:] if argv is None else argv), "runs": []}
     exact_forms = has_config_key("exact_forms")
     for rung in rungs:
-        report["runs"].append(measure_entry(rung, common, args, device, exact_forms, base))
+        report["runs"].append(measure_entry(rung, common, args, device, exact_forms, base,
+                                            decided_forms(report["runs"])))
         write_report(base, report)  # after every rung: a run stopped at a time limit keeps what it measured
     sweep(report, args, common, device, exact_forms, base)
 
@@ -463,12 +495,15 @@ def main(argv=None):
     print(f"Results: {base}.json, {base}.md, {base}.log")
 
 
-def measure_entry(rung, common, args, device, exact_forms, base):
+def measure_entry(rung, common, args, device, exact_forms, base, decided=None):
     """One rung measured in its own process: the report's entry (its trials kept, with their mean, std, min
     and max), or the entry with the ``error`` that skipped or ended it."""
-    options = ladder_options(rung, exact_forms)
-    logging.info("=== %s: %s %s", rung.name, rung.script, " ".join(options))
-    entry = {"name": rung.name, "step": rung.step, "table": rung.table, "script": rung.script, "options": options}
+    options = ladder_options(rung, exact_forms, decided)
+    environment = rung_environment(options)
+    logging.info("=== %s: %s%s %s", rung.name, "".join(f"{k}={v} " for k, v in environment.items()), rung.script,
+                 " ".join(options))
+    entry = {"name": rung.name, "step": rung.step, "table": rung.table, "script": rung.script, "options": options,
+             "environment": environment}
     skip = skip_reason(rung, exact_forms)
     if skip:  # one clear line, and the next rung: not a crash of the whole ladder
         logging.warning("rung %r skipped: %s", rung.name, skip)
@@ -486,6 +521,7 @@ def measure_entry(rung, common, args, device, exact_forms, base):
     run = {**entry, "nbatches": sizes[0], "ntrials": sizes[1], "nwarmup": summary["nwarmup"],
            "precision": summary["precision"], "full": summary["full"], "synthetic": summary["synthetic"],
            "io": summary["io"], "mfu": summary["mfu"], "peak_mem_gb": summary["peak_mem_gb"],
+           "exact_forms": summary.get("exact_forms"),
            "trials": {kind: noise.summary(summary.get("trials", {}).get(kind, [])) for kind in KINDS}}
     logging.info("%s", json.dumps(run))
     return run
@@ -507,7 +543,7 @@ def sweep(report, args, common, device, exact_forms, base):
         return
     report["batch_sweep"] = []
     for rung in sweep_rungs(best, args.batch_sweep):
-        entry = measure_entry(rung, common, args, device, exact_forms, base)
+        entry = measure_entry(rung, common, args, device, exact_forms, base, decided_forms(report["runs"]))
         report["batch_sweep"].append({**entry, "best_rung": best.name})
         write_report(base, report)
 

@@ -38,7 +38,7 @@ from utils.conv3d import check_conv3d, running_precision
 from utils.distributed import World
 from utils.errors import exit_on_user_error
 from utils.estimate import cpu_model
-from utils.exact_forms import ExactConv, exact_form
+from utils.exact_forms import ExactConv, convolution_inputs, exact_form, option_text
 from utils.flops import resolve_peak_flops, unet_flops_per_sample
 from utils.losses import build_loss
 from utils.optim import Precision, build_optimizer
@@ -58,20 +58,9 @@ def convolutions(model):
 
 def input_shapes(params, batch):
     """The input shape of each convolution in a forward pass of ``batch`` samples (on the meta device)."""
-    with torch.device("meta"):
-        model = train.UNet(params.N_in_channels, params.N_out_channels, params.base_channels, params.full_scale)
-        shapes = {}
-
-        def record(name):
-            def hook(module, args):
-                shapes[name] = tuple(args[0].shape)  # returns None: the input goes on unchanged
-            return hook
-
-        hooks = [module.register_forward_pre_hook(record(name)) for name, module in convolutions(model)]
-        model(torch.empty(batch, params.N_in_channels, *[params.crop_size] * 3))
-    for hook in hooks:
-        hook.remove()
-    return model, shapes
+    model, shapes = convolution_inputs(params, batch, [params.crop_size] * 3)
+    names = {module: name for name, module in model.named_modules()}
+    return model, {name: shapes[names[module]] for name, module in convolutions(model)}
 
 
 def layer_flops(params, batch):
@@ -278,7 +267,7 @@ def main(argv=None):
     seconds = sum(row["ms"] for row in rows) / 1e3
     report = {"device": name, **software(), "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
               "date": stamp.isoformat(timespec="seconds"), "batch": batch, "crop": params.crop_size,
-              "precision": precision, "exact_forms": params.exact_forms,
+              "precision": precision, "exact_forms": option_text(params.exact_forms),
               "repeats": args.repeats or PRESETS[args.preset]["repeats"], "rounds": args.rounds,
               "cpu_model": None if device.type == "cuda" else cpu_model(),
               "conv3d_warnings": warnings, "peak_tflops": peak / 1e12 if peak else None,

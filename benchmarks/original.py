@@ -212,9 +212,12 @@ def measure_original(entry, command, env, log_path, timeout):
 
 
 def measure_ours(fragment, rung, common, args, log_path):
-    """One of this project's ladder rungs, measured as the ladder measures it (a process of its own)."""
+    """One of this project's ladder rungs, measured as the ladder measures it (a process of its own, with the
+    ladder's options: the exact forms off below their rung)."""
     if rung is None:
         return {"name": fragment, "error": "benchmarks/ladder.py has no rung of this name"}
+    rung = ladder.Rung(rung.name, ladder.ladder_options(rung, ladder.has_config_key("exact_forms")), rung.script,
+                       rung.nbatches, rung.step, rung.table)
     entry = {"name": rung.name, "options": rung.options, "script": rung.script,
              "baseline": rung.name.startswith("baseline")}
     skip = ladder.skip_reason(rung)

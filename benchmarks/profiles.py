@@ -72,7 +72,8 @@ PRESETS = {
     # twelfth of its excess and their median (what the tool compares) not at all; the spread printed
     # beside it says how far the steps disagree. A GPU's steps agree (its traces of 4 steps already
     # run to thousands of kernels each, and the folder is committed).
-    "gpu": {"options": ["--config=base", "--device=cuda"], "batch": 64, "box": 256, "steps": 4,
+    # The layers stay plain (--exact_forms=off), as in the committed profiles: no process times them first.
+    "gpu": {"options": ["--config=base", "--device=cuda", "--exact_forms=off"], "batch": 64, "box": 256, "steps": 4,
             "out_dir": os.path.join(ROOT, "sample_nsys_profiles")},
     "cpu": {"options": ["--config=demo", "--device=cpu"], "batch": 8, "box": 128, "steps": 12,
             "out_dir": os.path.join(ROOT, "example_logs", "cpu_profiles")},

@@ -159,9 +159,10 @@ def auto_choice(mesh):
     model = UNet(4, 5, base_channels=4, full_scale=False)
     layers = exact_forms.candidates(model)
     exact_faster = dist.get_rank() == 0
-    exact_forms.input_shapes = lambda *args: {name: None for name, *_ in layers}
-    exact_forms.time_form = lambda layer, form, *args: 1.0 if (form.name == "plain") != exact_faster else 2.0
-    chosen, _ = exact_forms.choose_forms(model, layers, None, torch.device("cuda"), mesh)  # no GPU is touched
+    exact_forms.convolution_inputs = lambda *args: (None, {name: None for name, *_ in layers})
+    exact_forms.time_forms = lambda layer, forms, *args: (2.0, 1.0) if exact_faster else (1.0, 2.0)
+    params = types.SimpleNamespace(crop_size=32, global_batch_size=4, grad_accum_steps=1)
+    chosen, _ = exact_forms.choose_forms(model, layers, params, torch.device("cuda"), mesh)  # no GPU is touched
     return {"chosen": chosen, "candidates": [name for name, *_ in layers]}
 
 

@@ -300,7 +300,7 @@ def test_the_ladder_measures_its_best_rung_first_and_each_rung_adds_one_thing():
     for below, above in zip(climbing[:-3], climbing[1:-2]):  # each adds one option to the one before it
         assert above.options[:len(below.options)] == below.options and len(above.options) == len(below.options) + 1
     assert [rung.options[-1] for rung in climbing[1:6]] == ["--amp_mode=bf16", "--enable_fused", "--channels_last",
-                                                           "--jit_mode=compile", "--exact_forms=on"]
+                                                           "--jit_mode=compile", "--exact_forms=auto"]
     graph, compiled_graph = climbing[-2:]  # the step's launches in one graph, either way, on everything else
     assert graph.script == "train_graph.py" and graph.options == climbing[-3].options
     assert compiled_graph.options == [*climbing[-3].options, "--compile_mode=reduce-overhead"]

@@ -1,6 +1,7 @@
 """benchmarks/graph_lesson.py: what runs without a GPU (its settings, the eager side's timing, the table and
 the refusal); the graph side and the numbers need a CUDA GPU (benchmarks/gpu_suite.sh)."""
 import argparse
+import json
 
 import pytest
 import torch
@@ -21,6 +22,8 @@ def test_the_points_are_the_launch_bound_setting_then_production():
     assert {"--config=demo", "--crop_size=32", "--global_batch_size=1", "--amp_mode=bf16", "--enable_fused"} <= \
         set(options)
     assert {"--config=base", "--crop_size=64", "--global_batch_size=64"} <= set(chosen[-1][2])
+    # Both sides of every point build the same layers, plain: none times the exact forms first.
+    assert all("--exact_forms=off" in options for _, _, options in chosen)
     fewer = graph_lesson.points(arguments(batches=[2], no_production=True, extra="--channels_last"))
     assert [(setting, batch) for setting, batch, _ in fewer] == [("launch-bound", 2)]
     assert fewer[0][2][-1] == "--channels_last"
@@ -60,3 +63,27 @@ def test_without_a_gpu_it_refuses_and_writes_nothing(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
     with pytest.raises(SystemExit):
         graph_lesson.main(["--steps", "0"])
+
+
+def test_the_report_is_written_after_every_point(tmp_path):
+    """A run stopped during a point (here by Ctrl-C, as the suite's SIGINT at its budget) keeps the points
+    before it; both sides here are the eager step on the CPU (the graph side needs a GPU)."""
+    options = ["--config=demo", "--crop_size=32", "--device=cpu", "--checkpoint=false", "--base_channels=4",
+               "--exact_forms=off"]
+    chosen = [("launch-bound", batch, [*options, f"--global_batch_size={batch}"]) for batch in (1, 2, 3)]
+    measured = []
+
+    def measure(options, args, graph):
+        if options[-1] == "--global_batch_size=3":
+            raise KeyboardInterrupt
+        measured.append(graph)
+        return graph_lesson.measure_point(options, args, graph=False)
+
+    report = {"command": "c", "device": "d", "torch": "t", "cuda": None, "date": "x", "steps": 2, "trials": 2,
+              "points": []}
+    with pytest.raises(KeyboardInterrupt):
+        graph_lesson.measure_points(report, str(tmp_path / "cpu"), chosen, arguments(steps=1, trials=2), measure)
+    assert measured == [False, True] * 2
+    written = json.loads((tmp_path / "cpu.json").read_text())
+    assert [point["local_batch"] for point in written["points"]] == [1, 2]
+    assert "| launch-bound | 2 |" in (tmp_path / "cpu.md").read_text()

@@ -224,6 +224,7 @@ def test_main_runs_both_sides_and_writes_what_it_measured(tmp_path, monkeypatch,
 
     def measure_in_process(rung, common, args, sizes, log_path):
         measured.append((rung.name, common, sizes))
+        assert "--exact_forms=off" in rung.options  # as the ladder runs them: no rung below the forms' times them
         return {"full": 10.0, "synthetic": 12.0, "io": 30.0, "precision": "bf16"}
     monkeypatch.setattr(ladder, "measure_in_process", measure_in_process)
     original.main([f"--original={CHECKOUT}", f"--out_dir={tmp_path / 'out'}", f"--data_dir={tmp_path / 'data'}",
@@ -238,6 +239,7 @@ def test_main_runs_both_sides_and_writes_what_it_measured(tmp_path, monkeypatch,
     assert [run["name"] for run in report["runs"]] == ["baseline: lowmem, 2 workers", "+ fused Adam",
                                                         "no such rung"]
     assert report["runs"][0]["baseline"] and report["runs"][0]["full"] == 10.0 and "error" in report["runs"][2]
+    assert report["runs"][1]["options"] == [*ladder.BF16_FUSED, "--exact_forms=off"]
     assert [name for name, _, _ in measured] == ["baseline: lowmem, 2 workers", "+ fused Adam"]
     # The baseline: a host loader's rung, at least the ladder's HOST_LOADER_BATCHES a trial
     assert measured[0][2] == (ladder.HOST_LOADER_BATCHES, 2, 1) and "--device=cuda" in measured[0][1]

@@ -251,3 +251,14 @@ def test_a_global_batch_that_does_not_divide_over_the_ranks_is_refused():
         load_params(["--config=demo"], world_size=3)
     with pytest.raises(UserError, match="--local_batch_size=0 is invalid"):
         load_params(["--config=demo", "--local_batch_size=0"], world_size=2)
+
+
+def test_exact_forms_takes_a_mode_or_a_list_of_layers_and_a_resume_s_list_can_be_overridden():
+    """--exact_forms: auto | on | off, or a list of layer names (what auto's choice is recorded as)."""
+    assert load_params(["--config=base", "--exact_forms=[down.0.0,last]"]).exact_forms == ["down.0.0", "last"]
+    assert load_params(["--config=base", "--exact_forms=[]"]).exact_forms == []
+    resumed = {"exact_forms": ["last"]}  # a run's config.yaml after auto chose the last layer
+    assert load_params(["--config=base"], saved=resumed).exact_forms == ["last"]
+    assert load_params(["--config=base", "--exact_forms=off"], saved=resumed).exact_forms == "off"
+    with pytest.raises(UserError, match="--exact_forms=True has the wrong type"):
+        load_params(["--config=base", "--exact_forms=true"])

@@ -54,6 +54,8 @@ CHOICES = {
 POSITIVE_INTS = ("crop_size", "Nsamples", "Nsamples_val", "num_epochs", "global_batch_size",
                  "base_batch_size", "base_channels", "bucket_cap_mb", "profile_start_epoch", "profile_steps",
                  "memory_snapshot_steps", "dist_timeout_s", "graph_warmup_steps", "grad_accum_steps")
+# Keys that take a name or a list of names: --exact_forms=auto, or the layers themselves, --exact_forms=[down.0.0,last].
+NAME_OR_LIST = ("exact_forms",)
 NON_NEGATIVE = ("num_data_workers", "warmup_steps", "start_lr", "end_lr", "lambda_rho", "checkpoint_interval_s")
 
 # What each run option means, for --help (the config keys are described by their comments in the YAML file).
@@ -321,6 +323,8 @@ def coerce(key, value, default):
         raise UserError(f"--{key} needs a value: '{key}' takes {TYPE_NAMES.get(expected, expected.__name__)}, "
                         f"e.g. --{key}={default} (the config's value).")
     if default is None or isinstance(value, expected) and not (expected is int and isinstance(value, bool)):
+        return value
+    if key in NAME_OR_LIST and isinstance(value, (str, list)):
         return value
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
