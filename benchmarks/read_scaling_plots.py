@@ -24,6 +24,7 @@ is the largest relative deviation of either check (at 4 nodes and more, where ma
 """
 import argparse
 import json
+import os
 import sys
 
 import numpy as np
@@ -41,6 +42,20 @@ PLOTS = {
     "comm": [("real", "green", False), ("synthetic", "darkorange", False), ("loader", "darkblue", False),
              ("real_noddp", "green", True), ("synthetic_noddp", "darkorange", True)],
 }
+
+# Where the two PNGs are looked for when no paths are given: $SC22_PLOTS, else a shared/sc22 folder beside
+# the repository's clone (as CI has it) or beside the folder that holds the clone.
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLOT_FOLDERS = [os.path.join(REPOSITORY, *[".."] * up, "shared", "sc22") for up in (1, 2)]
+
+
+def default_plots():
+    """``(eff, comm)``: the two PNGs in $SC22_PLOTS, else in the first of PLOT_FOLDERS that holds both
+    (the first if none does: the caller says what is missing)."""
+    folders = [os.environ["SC22_PLOTS"]] if os.environ.get("SC22_PLOTS") else PLOT_FOLDERS
+    pairs = [tuple(os.path.normpath(os.path.join(folder, f"scale_perf{name}.png")) for name in ("Eff", "Comm"))
+             for folder in folders]
+    return next((pair for pair in pairs if all(map(os.path.exists, pair))), pairs[0])
 
 
 def load(path):
@@ -244,8 +259,9 @@ def rounded(result):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("eff", help="the original's scale_perfEff.png")
-    parser.add_argument("comm", help="the original's scale_perfComm.png")
+    eff, comm = default_plots()
+    parser.add_argument("eff", nargs="?", default=eff, help=f"the original's scale_perfEff.png (default: {eff})")
+    parser.add_argument("comm", nargs="?", default=comm, help=f"the original's scale_perfComm.png (default: {comm})")
     parser.add_argument("--out", help="write the JSON here (default: print it)")
     args = parser.parse_args(argv)
     text = json.dumps(rounded(read(args.eff, args.comm)), indent=1) + "\n"

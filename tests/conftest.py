@@ -63,6 +63,13 @@ def needs_cuda(reason="needs a CUDA device"):
     return mark
 
 
+def shared_folder(*parts):
+    """``shared/<parts>`` beside the repository's clone (CI's layout) or beside the folder holding it, whichever
+    exists (the first if neither does)."""
+    candidates = [os.path.join(ROOT, *[".."] * up, "shared", *parts) for up in (1, 2)]
+    return os.path.normpath(next((path for path in candidates if os.path.exists(path)), candidates[0]))
+
+
 def free_port():
     """A TCP port free on this machine now (the system's pick), for a process group's or a daemon's port."""
     with socket.socket() as s:

@@ -12,6 +12,10 @@ The environment is what torchrun would set, so the process joins its group the w
             DDP's all-reduces with a comm hook, and two wrong accumulations (see ACCUMULATION)
   die       train; rank 1 kills itself with SIGKILL after two steps
   hang      train; rank 1 stops answering (sleeps) after two steps
+  ddp_knobs
+            each of DDP's knobs (--bucket_cap_mb, --static_graph, --gradient_as_bucket_view,
+            --disable_broadcast_buffers, --ddp_comm_hook) on a small model of Linear layers wrapped by
+            train.py's parallelize: what the wrapped model says, and what the knob did (see KNOBS)
   halo_exchange
             one batch_isend_irecv of the halo exchange's kind between the two ranks; writes what came back
             (tests/test_cuda_distributed.py: whether gloo sends CUDA tensors)
@@ -267,6 +271,104 @@ def run_accumulation(world, out_dir, device=torch.device("cpu")):
                 f.write(traceback.format_exc())
 
 
+# ----------------------------------------------------------------------------- DDP's knobs
+
+# Each run: config overrides, and whether the model has a parameter that gets no gradient. 12 Linear
+# layers of 256 x 256 in float32 hold 3.16 MB of gradients: under DDP's default cap (25 MB) its rebuilt
+# buckets are one, under --bucket_cap_mb=1 three (torch 2.13, two gloo ranks).
+KNOBS = {
+    "default": ({}, False),
+    "cap_1mb": ({"bucket_cap_mb": 1}, False),
+    "static": ({"static_graph": True}, True),
+    "dynamic_unused": ({}, True),  # the same model without --static_graph: DDP refuses its second step
+    "bucket_view": ({"gradient_as_bucket_view": True}, False),
+    "no_broadcast": ({"disable_broadcast_buffers": True}, False),
+    "fp16": ({"ddp_comm_hook": "fp16"}, False),
+    "bf16": ({"ddp_comm_hook": "bf16"}, False),
+}
+KNOB_LAYERS, KNOB_WIDTH, KNOB_BATCH = 12, 256, 4
+
+
+class KnobModel(torch.nn.Module):
+    """Linear layers, a buffer that nothing computes with (``stamp``), and, if ``unused``, a layer that
+    forward never calls: its parameters get no gradient."""
+
+    def __init__(self, unused=False):
+        super().__init__()
+        self.layers = torch.nn.Sequential(*[torch.nn.Linear(KNOB_WIDTH, KNOB_WIDTH) for _ in range(KNOB_LAYERS)])
+        self.unused = torch.nn.Linear(KNOB_WIDTH, KNOB_WIDTH) if unused else None
+        self.register_buffer("stamp", torch.zeros(1))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def knob_batch(step):
+    generator = torch.Generator().manual_seed(2000 + step)
+    return torch.randn(KNOB_BATCH, KNOB_WIDTH, generator=generator)
+
+
+def knob_loss(model, inputs):
+    return (model(inputs) ** 2).mean()
+
+
+def recording_all_reduce(buckets, bucket):
+    """DDP's own all-reduce, noting each bucket's bytes and the storage its buffer lives in."""
+    buffer = bucket.buffer()
+    buckets.append({"bytes": buffer.numel() * buffer.element_size(),
+                    "storage": buffer.untyped_storage().data_ptr()})
+    return default_hooks.allreduce_hook(None, bucket)
+
+
+def train_knobs(params, world, unused):
+    """Two steps of the knob model under train.py's DDP wrapping; what DDP says and what it did."""
+    torch.manual_seed(SEED)
+    bare = KnobModel(unused)
+    reference = KnobModel(unused)
+    reference.load_state_dict(bare.state_dict())
+    model = distributed.parallelize(bare, params, world, torch.device("cpu"))
+    local = KNOB_BATCH // world.size
+    part = slice(world.rank * local, (world.rank + 1) * local)
+    buckets = []
+    if params.ddp_comm_hook == "none":
+        model.register_comm_hook(state=buckets, hook=recording_all_reduce)
+    for step in range(2):
+        del buckets[:]  # the second step's buckets: DDP rebuilds them after the first
+        bare.stamp.fill_(world.rank + 1)  # each rank's own; a broadcast before forward makes it rank 0's
+        model.zero_grad(set_to_none=True)
+        knob_loss(model, knob_batch(step)[part]).backward()
+    stamp = float(bare.stamp)
+    knob_loss(reference, knob_batch(1)).backward()  # the whole batch's gradient, in one process
+    grads = [p.grad for p in bare.parameters() if p.grad is not None]
+    expected = [p.grad for p in reference.parameters() if p.grad is not None]
+    logged = model._get_ddp_logging_data()
+    return {
+        "wrapped": {"bucket_cap_bytes": logged.get("bucket_cap_bytes"), "static_graph": model.static_graph,
+                    "gradient_as_bucket_view": model.gradient_as_bucket_view,
+                    "broadcast_buffers": getattr(model, "forward_sync_buffers", getattr(model, "broadcast_buffers", None)),
+                    "comm_hook": logged.get("comm_hook")},
+        "buckets": [bucket["bytes"] for bucket in buckets],
+        "gradient_bytes": sum(g.numel() * g.element_size() for g in grads),
+        "grads_in_buckets": sorted({g.untyped_storage().data_ptr() for g in grads})
+        == sorted({bucket["storage"] for bucket in buckets}),
+        "stamp": stamp,
+        "fp16_exact": all(torch.equal(g, g.half().float()) for g in grads),
+        "bf16_exact": all(torch.equal(g, g.bfloat16().float()) for g in grads),
+        "error": max(float(((g - e).abs() / e.abs().max()).max()) for g, e in zip(grads, expected)),
+    }
+
+
+def run_ddp_knobs(world, out_dir):
+    results = {}
+    for name, (overrides, unused) in KNOBS.items():
+        try:
+            results[name] = train_knobs(make_params(**overrides), world, unused)
+        except RuntimeError as error:  # the outcome is the result
+            results[name] = {"raised": str(error)[:300]}
+    with open(os.path.join(out_dir, f"ddp_knobs.rank{world.rank}.json"), "w") as f:
+        json.dump(results, f)
+
+
 def run_halo_exchange(world, out_dir, device):
     """Each rank sends a tensor of its rank's value to the other with batch_isend_irecv, as utils/halo.py
     does, and writes what it received (or the error) to halo_exchange.rank<R>.json."""
@@ -313,6 +415,8 @@ def main(scenario, out_dir):
         run_variants(world, out_dir, device)
     elif scenario == "accumulation":
         run_accumulation(world, out_dir, device)
+    elif scenario == "ddp_knobs":
+        run_ddp_knobs(world, out_dir)
     elif scenario == "halo_exchange":
         run_halo_exchange(world, out_dir, device)
     else:

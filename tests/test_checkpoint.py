@@ -121,3 +121,17 @@ def test_checkpointer_writes_when_due_and_says_how_long_it_took(tmp_path, caplog
     params.update({"checkpoint": False})
     Checkpointer(str(tmp_path), params).save(model, optimizer, scaler, Position(3, 9, 0), due=True)
     assert torch.load(path, weights_only=True)["position"]["step"] == 8  # off
+
+
+def test_round_trip_restores_the_gradient_scalers_scale(tmp_path):
+    """--amp_mode=fp16's loss scale, lowered after steps with inf gradients, goes on from where it was."""
+    params = YParams("config/UNet.yaml", "test")
+    model, optimizer, _ = make_states(0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    scaler.scale(torch.ones(()))  # the scale exists from the first scaled loss
+    scaler.update(new_scale=2.0**9)
+    save_checkpoint(tmp_path / "checkpoint.pt", model, optimizer, scaler, {"epoch": 1, "step": 4, "batch_in_epoch": 0},
+                    params)
+    fresh = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    load_checkpoint(tmp_path / "checkpoint.pt", model, optimizer, fresh)
+    assert fresh.get_scale() == 2.0**9

@@ -412,3 +412,72 @@ def test_fsdp_on_cpu_processes_needs_torch_2_9(monkeypatch, release, refused):
             distributed.check_parallel_options(params, World(2, 0, 0), CPU)
     else:
         distributed.check_parallel_options(params, World(2, 0, 0), CPU)
+
+
+@pytest.fixture(scope="module")
+def knobs(tmp_path_factory):
+    """Every DDP knob on two gloo ranks (one run of the worker): rank 1's results, as both see the same."""
+    out_dir = tmp_path_factory.mktemp("ddp_knobs")
+    with ranks("ddp_knobs", out_dir) as processes:
+        for process in processes:
+            process.wait(timeout=timeout_for(120))
+    assert [p.returncode for p in processes] == [0, 0], logs(out_dir, "ddp_knobs")
+    return [json.loads((out_dir / f"ddp_knobs.rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def knob_run(knobs, name):
+    result = knobs[1][name]
+    assert "raised" not in result, result
+    return result
+
+
+def test_bucket_cap_mb_reaches_ddp_and_sizes_its_buckets(knobs):
+    """3.16 MB of float32 gradients: one rebuilt bucket under DDP's default cap (25 MB), three of
+    1052672 bytes (four weights and four biases of 256 x 256, the first past 1 MiB) under --bucket_cap_mb=1."""
+    default, capped = knob_run(knobs, "default"), knob_run(knobs, "cap_1mb")
+    assert default["wrapped"]["bucket_cap_bytes"] == 25 * 2**20
+    assert capped["wrapped"]["bucket_cap_bytes"] == 2**20
+    assert default["buckets"] == [default["gradient_bytes"]]
+    assert capped["buckets"] == [4 * (256 * 256 + 256) * 4] * 3
+    assert sum(capped["buckets"]) == capped["gradient_bytes"]
+    assert capped["error"] < 1e-5  # the buckets still average the ranks' gradients
+
+
+def test_static_graph_reaches_ddp_and_lets_a_parameter_go_without_gradient(knobs):
+    """A layer that forward never calls: DDP without static_graph (and without find_unused_parameters)
+    refuses the second step; with --static_graph it trains, and the used layers' gradients are right."""
+    assert "Expected to have finished reduction" in knobs[1]["dynamic_unused"]["raised"]
+    static = knob_run(knobs, "static")
+    assert static["wrapped"]["static_graph"] is True
+    assert knob_run(knobs, "default")["wrapped"]["static_graph"] is False
+    assert static["error"] < 1e-5
+
+
+def test_gradient_as_bucket_view_makes_the_gradients_views_of_the_buckets(knobs):
+    view, default = knob_run(knobs, "bucket_view"), knob_run(knobs, "default")
+    assert view["wrapped"]["gradient_as_bucket_view"] is True and default["wrapped"]["gradient_as_bucket_view"] is False
+    assert view["grads_in_buckets"] and not default["grads_in_buckets"]
+    assert view["error"] < 1e-5
+
+
+def test_disable_broadcast_buffers_keeps_each_ranks_own_buffer(knobs):
+    """Each rank sets the model's buffer to rank + 1 before forward: DDP's default broadcast makes rank 1's
+    rank 0's (1.0); --disable_broadcast_buffers leaves it 2.0."""
+    off, default = knob_run(knobs, "no_broadcast"), knob_run(knobs, "default")
+    assert off["wrapped"]["broadcast_buffers"] is False and default["wrapped"]["broadcast_buffers"] is True
+    assert default["stamp"] == 1.0 and off["stamp"] == 2.0
+    assert knobs[0]["no_broadcast"]["stamp"] == knobs[0]["default"]["stamp"] == 1.0
+
+
+def test_ddp_comm_hook_registers_the_hook_and_rounds_the_reduced_gradients(knobs):
+    """fp16: every reduced gradient is an fp16 number (not every one a bf16 number), off the exact average
+    by fp16's rounding and underflow; bf16 the same in bf16. Without a hook the average is float32's."""
+    fp16, bf16, plain = knob_run(knobs, "fp16"), knob_run(knobs, "bf16"), knob_run(knobs, "default")
+    assert fp16["wrapped"]["comm_hook"] == "fp16_compress_hook"
+    assert bf16["wrapped"]["comm_hook"].endswith("bf16_compress_hook")
+    assert fp16["fp16_exact"] and not fp16["bf16_exact"]
+    assert bf16["bf16_exact"] and not bf16["fp16_exact"]
+    assert not plain["fp16_exact"] and not plain["bf16_exact"]
+    assert plain["error"] < 1e-5
+    for rounded in (fp16, bf16):
+        assert 1e-4 < rounded["error"] < 0.1, rounded["error"]

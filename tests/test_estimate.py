@@ -55,10 +55,26 @@ def test_the_refusal_quotes_the_demo_by_the_same_estimate(monkeypatch):
     (["--config=demo", "--crop_size=64", "--full_scale"], 8, "this run's training step at batch 2"),  # 6.94 each
     (["--config=short"], 64, "a 3-D convolution"),  # 80.5 GFLOP a sample: over PROBE_FLOPS even at batch 1
 ])
-def test_the_cpu_rate_is_measured_on_the_runs_own_step_where_it_fits(options, local_batch, probe):
-    rate, timed = measure_cpu_flops(load_params(options), local_batch)
-    assert timed == probe
-    assert 1e8 < rate < 1e14  # between a tenth of a GFLOP/s and 100 TFLOP/s
+def test_the_cpu_rate_is_measured_on_the_runs_own_step_where_it_fits(options, local_batch, probe, monkeypatch):
+    """The rate is the timed step's FLOPs over its time: the step runs for real, its time is set to 0.5 s."""
+    timed_steps = []
+
+    def half_a_second(step, repeats):
+        step()
+        timed_steps.append(repeats)
+        return 0.5
+
+    monkeypatch.setattr(estimate, "best_time", half_a_second)
+    params = load_params(options)
+    rate, timed = measure_cpu_flops(params, local_batch)
+    assert timed == probe and timed_steps == [2]
+    batch = int(probe.split("batch ")[1]) if "batch" in probe else None
+    if batch:
+        assert rate == batch * estimate.unet_flops_per_sample(params) / 0.5
+        per_sample = {8: 0.86e9, 2: 6.94e9}[batch]  # the U-Net's training FLOPs a sample (test_flops.py)
+        assert rate == pytest.approx(batch * per_sample / 0.5, rel=0.01)
+    else:  # Conv3d(16, 16, 3) on 2 x 16 x 32^3: forward, input and weight gradients, 2 FLOPs a multiply-add
+        assert rate == 3 * 2 * 16 * 16 * 27 * 32**3 * 2 / 0.5
 
 
 def test_the_probe_runs_the_configured_model_in_its_precision(monkeypatch):

@@ -57,6 +57,17 @@ def test_sharded_conv_and_transposed_conv_equal_the_undivided_ones_in_float64(me
                 assert difference < 1e-12, (mesh, layer, quantity, difference)
 
 
+@pytest.mark.parametrize("mesh", [[4, 1, 1], [3, 3, 1]], ids=["4-depth", "3x3"])
+def test_blocks_with_neighbours_on_both_sides_equal_the_undivided_layers(mesh, tmp_path):
+    """Middle blocks: [4, 1, 1] (docs/06 runs it) has two along depth; [3, 3, 1] has one with neighbours
+    on both sides along depth and height at once, and middle blocks at the edges of the other axis."""
+    size = mesh[0] * mesh[1] * mesh[2]
+    for result in run_ranks("layers", mesh, tmp_path, world_size=size, timeout=timeout_for(60)):
+        for layer in ("Conv3d", "ConvTranspose3d"):
+            for quantity, difference in result[layer].items():
+                assert difference < 1e-12, (mesh, layer, quantity, difference)
+
+
 def test_under_bf16_autocast_the_block_computes_in_bf16_and_returns_float32_gradients(tmp_path):
     """As --amp_mode=bf16 runs it: outputs in bf16, gradients in the parameters' and input's float32,
     within bf16's rounding of the undivided layers' (measured: 3.6e-3 of the largest value at most)."""

@@ -42,3 +42,18 @@ def test_enable_jit_means_a_torchscript_loss():
     params = load_params(["--config=test", "--enable_jit"])
     assert params.jit_mode == "script"
     assert isinstance(build_loss(params).func, torch.jit.ScriptFunction)
+
+
+@pytest.mark.parametrize("lambda_rho", [0.5, 2.0])
+def test_the_density_term_is_channel_0s_and_build_loss_weighs_it_as_configured(lambda_rho):
+    """The density term compares channel 0 (the log-density) of prediction and target, with any positive
+    lambda_rho, and build_loss uses the configured one: a prediction wrong in channel 1 alone has no
+    density error; one wrong in channel 0 has exp(1.4) - 1 of it."""
+    target = torch.zeros(1, 5, 2, 2, 2)
+    wrong_velocity, wrong_density = target.clone(), target.clone()
+    wrong_velocity[:, 1] = 0.1
+    wrong_density[:, 0] = 0.1
+    loss = build_loss(load_params(["--config=test", f"--lambda_rho={lambda_rho}"]))
+    assert loss(wrong_velocity, target) == pytest.approx(0.1 / 5)
+    density_error = torch.exp(torch.tensor(1.4)).item() - 1
+    assert loss(wrong_density, target) == pytest.approx(0.1 / 5 + lambda_rho * density_error, rel=1e-6)

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, timeout_for
+from conftest import ROOT, timeout_for, unavailable
 from benchmarks import nsight
 from nsight_cli import ensure_nsys
 
@@ -91,7 +91,7 @@ def test_a_run_after_a_killed_session_still_makes_its_report(nsys, tmp_path):
 
     scope = nsight.own_processes()
     if not scope:
-        pytest.skip("no PID namespace of its own here (unshare): the runs see the machine's process ids")
+        unavailable("no PID namespace of its own here (unshare --pid fails): the runs see the machine's process ids")
     state = ["/dev/shm", "/tmp/nvidia/nsight_systems"]
     before = {folder: set(os.listdir(folder)) if os.path.isdir(folder) else set() for folder in state}
     killed = subprocess.Popen(  # the machine's /dev/shm and /tmp/nvidia, as a plain namespaced nsys has them
@@ -121,7 +121,7 @@ def test_a_raw_capture_becomes_a_report_with_the_importer(nsys, tmp_path):
     report; `python -m benchmarks.nsight import` turns it into one, which nsys stats reads."""
     target = os.path.dirname(os.path.realpath(nsys))
     if not nsight.importers(nsys):
-        pytest.skip(f"{nsys} has no QdstrmImporter beside it")
+        unavailable(f"{nsys} has no QdstrmImporter beside it: the unpacked Nsight Systems lacks its host half")
     alone = tmp_path / "target-linux-x64"
     copied = subprocess.run(["cp", "-al", target, str(alone)], capture_output=True)  # hard links: no 180 MB copy
     if copied.returncode != 0:

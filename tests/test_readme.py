@@ -703,31 +703,91 @@ RUN = {
 }
 
 # The single-GPU performance section: each step is the short config with a few options, run here shrunk like
-# the commands above, and checked for the options it resolved.
+# the commands above, and checked for the options it resolved and for an effect of each in the run's output:
+# the loader it built, the inputs' dtype, the convolutions' precision and layout, DataLoader's 8 workers, fused
+# Adam in the checkpoint's optimizer state, torch.compile's generated kernels. On a CPU --tf32=false and
+# --device_prefetch=false change nothing (TF32 and the copy ahead exist on GPUs only): the convolutions stay fp32.
 SHORT = "python train.py --config=short --num_epochs 4"
+
+
+def loader(name):
+    return rf"data loader initialized with config {name}\n"
+
+
+def gpu_inmem(dtype):
+    return rf"gpu-inmem: \S+train\.h5 on cpu as {dtype},"
+
+
+def convolutions(precision, layout="contiguous"):
+    return rf"; {precision} convolutions run on .*, layout {layout}\n"
+
+
+def eight_workers():
+    """torch's DataLoader warns that 8 workers exceed the CPUs it can use, where there are fewer than 8."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return [r"This DataLoader will create 8 worker processes in total"] if cpus < 8 else []
+
+
+def fused_adam(made):
+    state = torch.load(os.path.join(made.run("short"), "checkpoint.pt"), weights_only=False)
+    groups = state["optimizer"]["param_groups"]
+    assert all(group["fused"] for group in groups), [group["fused"] for group in groups]
+
+
+def compiled_kernels(made):
+    assert glob.glob(made.path("inductor", "**", "*.py"), recursive=True), "torch.compile generated no kernel"
+
+
+def check_short(expected, effects=(), then=None):
+    """check_run's options, each regex of ``effects`` found in the run's output, and ``then(made)``."""
+    options = check_run("short", **expected)
+
+    def check(made):
+        options(made)
+        for effect in effects:
+            assert re.search(effect, made.output), (effect, made.output[-3000:])
+        if then:
+            then(made)
+    return check
+
+
+# options: (resolved options, their effects in the output, a check of the files, appended options, environment)
 PERFORMANCE_STEPS = {
-    "--num_data_workers 8 --data_loader_config=inmem": {"num_data_workers": 8, "data_loader_config": "inmem"},
-    "--num_data_workers 8 --device_prefetch=false": {"num_data_workers": 8, "device_prefetch": False},
-    "--data_loader_config=gpu-inmem": {"data_loader_config": "gpu-inmem"},
-    "--data_loader_config=gpu-inmem --gpu_inmem_dtype=float16": {"gpu_inmem_dtype": "float16"},
-    "--data_loader_config=gpu-inmem --tf32=false": {"tf32": False},
-    "--data_loader_config=gpu-inmem --amp_mode=bf16": {"amp_mode": "bf16"},
-    "--data_loader_config=gpu-inmem --amp_mode=fp16": {"amp_mode": "fp16"},
-    "--data_loader_config=gpu-inmem --amp_mode=bf16 --channels_last": {"channels_last": True},
-    "--data_loader_config=gpu-inmem --amp_mode=bf16 --enable_fused --enable_jit": {"enable_fused": True,
-                                                                                   "enable_jit": True},
-    # torch.compile on the CPU: Inductor's C++ kernels, about 20 s of compiling on 2 cores.
-    "--data_loader_config=gpu-inmem --amp_mode=bf16 --enable_fused --jit_mode=compile": {"jit_mode": "compile"},
+    "--num_data_workers 8 --data_loader_config=inmem": (
+        {"num_data_workers": 8, "data_loader_config": "inmem"}, [loader("inmem"), *eight_workers()]),
+    "--num_data_workers 8 --device_prefetch=false": (
+        {"num_data_workers": 8, "device_prefetch": False}, [loader("lowmem"), *eight_workers()]),
+    "--data_loader_config=gpu-inmem": ({"data_loader_config": "gpu-inmem"}, [gpu_inmem("float32")]),
+    "--data_loader_config=gpu-inmem --gpu_inmem_dtype=float16": ({"gpu_inmem_dtype": "float16"},
+                                                                 [gpu_inmem("float16")]),
+    "--data_loader_config=gpu-inmem --tf32=false": ({"tf32": False}, [convolutions("fp32")]),
+    "--data_loader_config=gpu-inmem --amp_mode=bf16": ({"amp_mode": "bf16"}, [convolutions("bf16")]),
+    "--data_loader_config=gpu-inmem --amp_mode=fp16": ({"amp_mode": "fp16"}, [convolutions("fp16")]),
+    "--data_loader_config=gpu-inmem --amp_mode=bf16 --channels_last": (
+        {"channels_last": True}, [convolutions("bf16", "channels_last_3d")]),
+    # --enable_jit scripts the loss function only (utils/losses.py): the run shows no more of it than its option.
+    "--data_loader_config=gpu-inmem --amp_mode=bf16 --enable_fused --enable_jit": (
+        {"enable_fused": True, "enable_jit": True}, [convolutions("bf16")], fused_adam, "--checkpoint=true"),
+    # torch.compile on the CPU: Inductor's C++ kernels, about 20 s of compiling on 2 cores, cached in the copy.
+    "--data_loader_config=gpu-inmem --amp_mode=bf16 --enable_fused --jit_mode=compile": (
+        {"jit_mode": "compile"}, [convolutions("bf16")], compiled_kernels, "",
+        {"TORCHINDUCTOR_CACHE_DIR": "{scratch}/inductor"}),
 }
-RUN.update({f"{SHORT} {options}": Run(append=f"{SMALL_MODEL} {TINY}", check=check_run("short", **expected))
-            for options, expected in PERFORMANCE_STEPS.items()})
+
+
+def performance_step(expected, effects, then=None, append="", env=None):
+    return Run(append=f"{SMALL_MODEL} {TINY} {append}".rstrip(), env=env or {},
+               check=check_short(expected, effects, then))
+
+
+RUN.update({f"{SHORT} {options}": performance_step(*step) for options, step in PERFORMANCE_STEPS.items()})
 RUN.update({
     # On a CPU the variable changes nothing; the run must still work as written.
-    f"NVIDIA_TF32_OVERRIDE=0 {SHORT} --data_loader_config=gpu-inmem": Run(
-        append=f"{SMALL_MODEL} {TINY}", check=check_run("short", data_loader_config="gpu-inmem")),
+    f"NVIDIA_TF32_OVERRIDE=0 {SHORT} --data_loader_config=gpu-inmem": performance_step(
+        {"data_loader_config": "gpu-inmem"}, [gpu_inmem("float32"), convolutions("fp32")]),
     # DALI's real pipeline in its CPU mode, on the .npy copies of the README's data section.
     f"{SHORT} --num_data_workers 8 --data_loader_config=dali-lowmem": Run(
-        append=f"{SMALL_MODEL} {TINY}", check=check_run("short", data_loader_config="dali-lowmem"),
+        append=f"{SMALL_MODEL} {TINY}", check=check_short({"data_loader_config": "dali-lowmem"}, [loader("dali-lowmem")]),
         marks=(needs_dali,)),
 })
 

@@ -541,23 +541,6 @@ def test_the_plot_reader_reads_a_plot_of_known_points(tmp_path):
     assert checked >= 10
 
 
-def test_the_committed_points_are_the_readers_output_of_the_original_plots():
-    """benchmarks/sc22_scaling_points.json is what the reader makes of the original's two PNGs (not in
-    this repository; checked where they are at hand: SC22_PLOTS names their folder)."""
-    from benchmarks import read_scaling_plots as reader
-
-    folder = os.environ.get("SC22_PLOTS", os.path.join(ROOT, "..", "..", "shared", "sc22"))
-    eff, comm = (os.path.join(folder, f"scale_perf{name}.png") for name in ("Eff", "Comm"))
-    if not (os.path.exists(eff) and os.path.exists(comm)):
-        pytest.skip("the original's scaling plots are not here (set SC22_PLOTS to their folder)")
-    with open(os.path.join(ROOT, "benchmarks", "sc22_scaling_points.json")) as f:
-        committed = json.load(f)
-    fresh = json.loads(json.dumps(reader.rounded(reader.read(eff, comm))))
-    assert fresh == committed
-    assert committed["reading_error_px"] < 2
-    assert committed["comm"]["synthetic_noddp"]["32"] == pytest.approx(104545, abs=300)
-
-
 def test_the_h100_rate_is_the_measured_rung_with_bs64_opts_precision_and_optimiser():
     # The DGX H100 tables compute at this code's measured rate, not a datasheet-scaled A100's: the
     # committed ladder run whose precision and optimiser are bs64_opt's (AMP fp16, fused Adam).
