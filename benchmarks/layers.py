@@ -328,6 +328,7 @@ def main(argv=None):
 
 def save(base, report):
     """``<base>.json`` (the report) and ``<base>.md`` (its tables), each replaced whole (utils/files.py)."""
+    os.makedirs(os.path.dirname(base), exist_ok=True)
     for suffix, text in ((".json", json.dumps(report, indent=1)), (".md", markdown(report))):
         with atomic_path(base + suffix) as temporary, open(temporary, "w") as f:
             f.write(text)

@@ -98,8 +98,8 @@ SMALL = ["--preset", "cpu", "--base_channels=4", "--global_batch_size=2", "--rep
 def test_a_run_cut_off_keeps_the_parts_it_finished(tmp_path, monkeypatch):
     """The layer table is on disk as soon as it is measured, and each table of the step as soon as it is
     profiled: an interruption during the second table keeps the layer table and the first, and says which are
-    missing; each file is whole (written beside and renamed: no temporary file left)."""
-    measured = layers.in_step_table
+    missing; each file is whole (written beside and renamed: no temporary file left), in a folder it made."""
+    measured, tmp_path = layers.in_step_table, tmp_path / "new"
 
     def cut_off_at_auto(options, device, steps, forms):
         if forms == "auto":
