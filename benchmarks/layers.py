@@ -184,6 +184,12 @@ def time_step(params, device, batch, repeats):
     return time_it(lambda: step(inputs, targets), device, repeats)
 
 
+def load_average():
+    """The host's 1-minute load average, or None where the system keeps none: work that shares the machine
+    shows here, and in every time measured beside it."""
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
 def form_of(module):
     """The form a layer computes in: its exact form's name, or "plain"."""
     return module.form.name if isinstance(module, ExactConv) else "plain"
@@ -249,6 +255,10 @@ def markdown(report):
               f"GFLOP per batch ({total['model_gflop'] / report['batch']:.2f} GFLOP per sample)."
               + (f" Model FLOP utilisation of the step: {total['mfu']:.1%} of {report['peak_tflops']:g} TFLOP/s."
                  if total.get("mfu") is not None else "")]
+    load = report.get("load_average") or {}
+    if load.get("start") is not None:
+        lines += ["", f"The host's 1-minute load average on its {load['cpus']} cores: {load['start']:.2f} when the "
+                  f"measurement began, {load['end']:.2f} when this part was written."]
     for table in report.get("in_step", {}).values():
         lines += ["", in_step.markdown(table, in_step_title(table)).rstrip("\n")]
     if report.get("in_step_pending"):
@@ -296,6 +306,7 @@ def main(argv=None):
     claim_files([base + ".json", base + ".md"], args.overwrite, earlier="an earlier run on this device today")
 
     warnings = check_conv3d(device, params.amp_mode, params.tf32, params.channels_last)
+    load = {"start": load_average(), "cpus": os.cpu_count()}
     rows, step_seconds = measure(params, device, args.repeats or PRESETS[args.preset]["repeats"], args.rounds)
     batch = params.global_batch_size
     flops, model_flops = sum(row["gflop"] for row in rows) * 1e9, unet_flops_per_sample(params) * batch
@@ -310,7 +321,7 @@ def main(argv=None):
               "cpu_model": None if device.type == "cuda" else cpu_model(),
               "conv3d_warnings": warnings, "peak_tflops": peak / 1e12 if peak else None,
               "command": "python -m benchmarks.layers " + " ".join(sys.argv[1:] if argv is None else argv),
-              "layers": rows, "in_step": {}, "in_step_pending": list(IN_STEP_FORMS) if args.in_step_steps > 0 else [],
+              "load_average": load, "layers": rows, "in_step": {}, "in_step_pending": list(IN_STEP_FORMS) if args.in_step_steps > 0 else [],
               "total": {"gflop": flops / 1e9, "ms": 1e3 * seconds, "tflops": flops / seconds / 1e12,
                         "share_of_step": seconds / step_seconds, "model_gflop": model_flops / 1e9,
                         "step_ms": 1e3 * step_seconds, "step_tflops": model_flops / step_seconds / 1e12,
@@ -329,6 +340,7 @@ def main(argv=None):
 def save(base, report):
     """``<base>.json`` (the report) and ``<base>.md`` (its tables), each replaced whole (utils/files.py)."""
     os.makedirs(os.path.dirname(base), exist_ok=True)
+    report["load_average"]["end"] = load_average()
     for suffix, text in ((".json", json.dumps(report, indent=1)), (".md", markdown(report))):
         with atomic_path(base + suffix) as temporary, open(temporary, "w") as f:
             f.write(text)

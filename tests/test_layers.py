@@ -35,6 +35,10 @@ def test_cpu_preset_writes_the_table_and_refuses_to_overwrite_it(tmp_path, capsy
                      "last": "sub-pixel"}
     assert all((row["exact_form_ms"] or 0) > 0 for row in report["layers"] if row["exact_form"])
     assert report["exact_forms"] == "auto" and report["rounds"] == 1 and report["cpu_model"]
+    load = report["load_average"]  # a machine shared with other work says so beside its times
+    assert load["start"] >= 0 and load["end"] >= 0 and load["cpus"] >= 1
+    assert f"load average on its {load['cpus']} cores: {load['start']:.2f} when the measurement began, " \
+           f"{load['end']:.2f}" in path.with_suffix(".md").read_text()
     assert report["command"] == "python -m benchmarks.layers --preset cpu --out_dir " + str(tmp_path) + " --repeats 1"
     # The step layer by layer (benchmarks/in_step.py): the layers plain, as auto picks them, in their exact forms.
     assert list(report["in_step"]) == ["off", "auto", "on"] and report["in_step_pending"] == []
