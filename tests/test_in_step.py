@@ -40,17 +40,18 @@ def test_every_layer_has_its_row_and_the_rows_add_up_to_the_step(tables):
 
 def test_backward_work_goes_to_its_layer_by_the_forward_operators_sequence_number(tables, monkeypatch):
     """Each layer's row holds its backward (autograd runs it under the forward operator's sequence number,
-    outside any layer's range): a plain layer's main work is its convolution's, forward or backward."""
+    outside any layer's range): a plain layer's work is its convolution's, forward and backward. (Its main
+    operator is not compared: on a loaded machine one small operator, switched out, can take the longest.)"""
     rows = {row["row"]: row for row in tables["off"]["rows"]}
     for name in ("down 2", "up 1", "last"):
-        assert "conv" in rows[name]["main"], rows[name]
+        assert "aten::convolution_backward" in rows[name]["kernels"], rows[name]
+        assert rows[name]["around_ms"] < rows[name]["ms"] / 2, rows[name]
     # With the ranges alone (no sequence numbers) the backward would be left to "other element-wise".
     monkeypatch.setattr(in_step, "forward_sequences", lambda events: {})
     blind = profiled("--exact_forms=off")
     blind_rows = {row["row"]: row for row in blind["rows"]}
-    assert blind_rows["other element-wise"]["main"] == "aten::convolution_backward"
-    assert "aten::convolution_backward" in rows["last"]["kernels"]
-    assert "aten::convolution_backward" not in blind_rows["last"]["kernels"]
+    assert "aten::convolution_backward" in blind_rows["other element-wise"]["kernels"]
+    assert all("aten::convolution_backward" not in blind_rows[name]["kernels"] for name in ("down 2", "up 1", "last"))
 
 
 def attributed(*options, layer_of_shapes=None):
