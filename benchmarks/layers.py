@@ -261,6 +261,8 @@ def markdown(report):
                   f"measurement began, {load['end']:.2f} when this part was written."]
     for table in report.get("in_step", {}).values():
         lines += ["", in_step.markdown(table, in_step_title(table)).rstrip("\n")]
+        if table.get("load_average") is not None:
+            lines[-1] += f" The host's 1-minute load average as the table was done: {table['load_average']:.2f}."
     if report.get("in_step_pending"):
         lines += ["", "Not measured, the run having stopped before them: the step layer by layer with "
                   + ", ".join(f"--exact_forms={forms}" for forms in report["in_step_pending"]) + "."]
@@ -330,7 +332,8 @@ def main(argv=None):
     save(base, report)
     while report["in_step_pending"]:
         forms = report["in_step_pending"][0]
-        report["in_step"][forms] = in_step_table(resolved, device, args.in_step_steps, forms)
+        report["in_step"][forms] = {**in_step_table(resolved, device, args.in_step_steps, forms),
+                                    "load_average": load_average()}
         report["in_step_pending"].pop(0)
         save(base, report)
     print(markdown(report))

@@ -46,7 +46,8 @@ def test_cpu_preset_writes_the_table_and_refuses_to_overwrite_it(tmp_path, capsy
         rows = {row["row"]: row["ms"] for row in table["rows"]}
         assert list(rows)[:10] == [row["layer"] for row in report["layers"]]
         assert sum(rows.values()) == pytest.approx(table["step_ms"])
-        assert table["exact_forms"] == forms and table["jit_mode"] == "none"
+        assert table["exact_forms"] == forms and table["jit_mode"] == "none" and table["load_average"] >= 0
+        assert f"load average as the table was done: {table['load_average']:.2f}." in path.with_suffix(".md").read_text()
         assert f"--exact_forms={forms}, --jit_mode=none: the layers " in path.with_suffix(".md").read_text()
         # auto: each layer plain or in its own exact form, as the device decides.
         assert all(table["forms"][row["layer"]] in ({"off": "plain", "on": row["exact_form"] or "plain"}.get(forms) or
