@@ -1,28 +1,41 @@
 """Where one real training step's time goes, layer by layer: the profiler's own events of a few steps,
-each kernel (on a CPU: each operator's own time) attributed to its convolution, to the layout
-conversions, to the other element-wise work or to the optimiser.
+each kernel (on a CPU: each operator's own time) attributed to its layer, to the layout conversions
+outside the layers, to the other element-wise work or to the optimiser.
 
 ``benchmarks.layers`` times each convolution alone, on its own input; its deepest rows are mostly a
 call's fixed cost, and it cannot see what the step does between the layers. Here nothing runs alone:
 train.py's step (forward, loss, backward, Adam) runs as it trains, with the profiler on, and
 
-- forward: a range ``layer: <name>`` around each convolution (a forward pre-hook opens it, the forward
-  hook closes it) holds the operators that layer launches;
-- backward: autograd runs each operator's backward under ``autograd::engine::evaluate_function: ...``
-  with the forward operator's sequence number, so the backward kernels go to the layer whose range held
-  that forward operator (the profiler's correlation, no backward hooks);
+- forward: a range ``layer: <name>`` around each layer (a forward pre-hook opens it, the forward hook
+  closes it) holds the operators that layer launches: its convolution and, in an exact form
+  (utils/exact_forms.py), the form's own work: pads, flips, voxel and weight reshuffles, the bias
+  repeated per parity, and under autocast the casts;
+- backward: autograd runs each operator's backward under ``autograd::engine::evaluate_function: X``
+  and, inside it, the node's own range ``X``, both with the forward operator's sequence number, so the
+  backward of every operator that ran in a layer's range goes to that layer (the profiler's
+  correlation, no backward hooks): the convolution's and the form's (the pad's crop, the reshuffles
+  undone, the bias gradient summed per parity). What autograd runs beside a node's own range, the sum
+  of two gradients of one tensor (a skip connection's), is no layer's work;
 - the optimiser's work runs under torch's own ``Optimizer.step#...`` and ``Optimizer.zero_grad#...``.
 
-A kernel is a layout conversion where its name says so (cuDNN's ``nchwToNhwc``/``nhwcToNchw``,
-transposes) or its operator is a ``contiguous``/``clone`` copy; a convolution's where its name or its
-operator is a convolution's; other element-wise work otherwise. The rows add up to the measured step:
-the steps' wall time, synchronised, of which what no kernel (on a CPU: no operator) covers is its own
-row (the device idle while the host launches; on a CPU, Python between the operators).
+A layer's row holds all its work; the column beside it says how much of it is not the convolution's
+own (the form's work, the casts, the layout conversions the convolution makes). Outside the layers,
+a kernel is a layout conversion where its name says so (cuDNN's ``nchwToNhwc``/``nhwcToNchw``,
+transposes) or its operator is a ``contiguous``/``clone`` copy, and other element-wise work otherwise.
+The rows add up to the measured step: the steps' wall time, synchronised, of which what no kernel (on
+a CPU: no operator) covers is its own row (the device idle while the host launches; on a CPU, Python
+between the operators).
 
-The step is eager (``--jit_mode=compile`` fuses the element-wise kernels and hides the layers'
-boundaries) and runs in the options' precision and layout. ``benchmarks.layers`` runs it; alone, this
-module reads a GPU trace that a profile already wrote (a ``.pt.trace.json[.gz]`` of ``train.py
---profiler=torch`` or ``benchmarks.profiles``) and sorts its kernels by their names alone:
+Under ``--jit_mode=compile`` hooks do not run inside the compiled graph and the backward is one
+compiled node, so the layers are found by their convolutions' shapes instead (:func:`convolution_shapes`:
+the input's and the weight's, learnt from one eager forward pass, unique per layer in the U-Net);
+``aten::convolution`` and ``aten::convolution_backward`` still run as operators of their own. A layer's
+row then holds its convolution, forward and backward; the forms' work is fused with the activations
+into the compiled graph's kernels (on a CPU, the graph's own time), in the other element-wise row.
+
+``benchmarks.layers`` runs it; alone, this module reads a GPU trace that a profile already wrote (a
+``.pt.trace.json[.gz]`` of ``train.py --profiler=torch`` or ``benchmarks.profiles``) and sorts its
+kernels by their names alone:
 
     python -m benchmarks.in_step sample_nsys_profiles/gpu_inmem_bf16.pt.trace.json.gz
 """
@@ -39,10 +52,14 @@ from torch.profiler import ProfilerActivity, profile, record_function
 LAYER = "layer: "
 BACKWARD = "autograd::engine::evaluate_function: "
 OPTIMISER = ("Optimizer.step#", "Optimizer.zero_grad#")
+COMPILED_GRAPH = "## Call CompiledFxGraph"  # on a CPU its own time is that of the graph's fused C++ kernels
+FUSED = "compiled graph (its fused kernels)"
 LAYOUT_KERNEL = re.compile(r"nchwToNhwc|nhwcToNchw|transpose|permute", re.I)
 CONV_KERNEL = re.compile(r"conv|xmma|implicit_gemm|dgrad|wgrad|fprop|cudnn|cutlass", re.I)
 CONV_OP = re.compile(r"conv", re.I)
 LAYOUT_OPS = ("aten::contiguous", "aten::clone")
+# Where a convolution's operators take the input and the weight among their arguments.
+CONVOLUTION_ARGUMENTS = {"aten::convolution": (0, 1), "aten::convolution_backward": (1, 2)}
 ARCHITECTURE = re.compile(r"(?<![a-z0-9])sm_?(\d{2,3})|cutlass_(\d{2,3})_", re.I)
 GENERATIONS = {"volta": "70", "turing": "75", "ampere": "80", "hopper": "90", "blackwell": "100"}
 ROWS_AFTER = ("layout conversions", "other element-wise", "optimiser")
@@ -90,19 +107,36 @@ def ancestors(event):
         event = event.cpu_parent
 
 
-def context(event, layer_of_sequence):
+def layer_range(event):
+    """The layer whose ``layer: <name>`` range holds ``event``, or None."""
+    return next((each.name[len(LAYER):] for each in ancestors(event) if each.name.startswith(LAYER)), None)
+
+
+def convolution_key(event):
+    """``(input shape, weight shape)`` of a convolution's forward or backward operator; None for any other."""
+    where = CONVOLUTION_ARGUMENTS.get(event.name)
+    shapes = event.input_shapes or []
+    if where is None or len(shapes) <= max(where):
+        return None
+    return tuple(tuple(shapes[index]) for index in where)
+
+
+def context(event, layer_of_sequence, layer_of_shapes):
     """``(layer or None, optimiser?, under a layout copy?, under a convolution?)`` of a CPU operator."""
-    layer, optimiser, layout, conv = None, False, False, False
+    layer, optimiser, layout, conv, inner = None, False, False, False, None
     for each in ancestors(event):
         name = each.name
         if name.startswith(LAYER):
             layer = layer or name[len(LAYER):]
-        elif name.startswith(BACKWARD):
-            layer = layer or layer_of_sequence.get(each.sequence_nr)
+        elif name.startswith(BACKWARD) and inner is not None and inner.name == name[len(BACKWARD):]:
+            layer = layer or layer_of_sequence.get(each.sequence_nr)  # inside the node's own range
         elif name.startswith(OPTIMISER):
             optimiser = True
+        elif name in CONVOLUTION_ARGUMENTS and layer_of_shapes:
+            layer = layer or layer_of_shapes.get(convolution_key(each))
         layout = layout or name in LAYOUT_OPS
         conv = conv or (name.startswith("aten::") and CONV_OP.search(name) is not None)
+        inner = each
     return layer, optimiser, layout, conv
 
 
@@ -111,42 +145,66 @@ def forward_sequences(events):
     found = {}
     for event in events:
         if event.sequence_nr >= 0 and not event.name.startswith(BACKWARD):
-            layer = next((each.name[len(LAYER):] for each in ancestors(event) if each.name.startswith(LAYER)), None)
+            layer = layer_range(event)
             if layer is not None:
                 found.setdefault(event.sequence_nr, layer)
     return found
 
 
+def convolution_shapes(model, inputs, layers):
+    """{(input shape, weight shape): layer} of the convolution each of ``layers`` (``[(name, module)]``) runs,
+    read from the operators' shapes in one eager forward pass of ``model`` (no gradients); refused where two
+    layers' convolutions have the same shapes, which would make the attribution ambiguous."""
+    ranges = LayerRanges(layers)
+    try:
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiler:
+            model(inputs)
+    finally:
+        ranges.remove()
+    found = {}
+    for event in profiler.events():
+        key, layer = convolution_key(event), layer_range(event)
+        if key is None or layer is None:
+            continue
+        if found.setdefault(key, layer) != layer:
+            raise ValueError(f"layers {found[key]} and {layer} run convolutions of the same shapes {key}: "
+                             "a compiled step's convolutions cannot be told apart by their shapes")
+    return found
+
+
 def units(events, cuda):
     """``(name, microseconds, launching CPU event)`` of each piece of timed work: the kernels on a GPU; on a
-    CPU, each operator's own time (its children's excluded), ranges of Python code (``layer: ...``,
-    ``Optimizer...``, autograd's nodes) left out, their time being that of the operators inside them."""
+    CPU, each operator's own time (its children's excluded) and a compiled graph's own time (its fused
+    kernels), ranges of Python code (``layer: ...``, ``Optimizer...``, autograd's nodes) left out, their
+    time being that of the operators inside them."""
     for event in events:
         if event.device_type != torch.autograd.DeviceType.CPU:
             continue
         if cuda:
             for kernel in event.kernels:
                 yield kernel.name, kernel.duration, event
-        elif event.name.startswith("aten::") and event.self_cpu_time_total > 0:
-            yield event.name, event.self_cpu_time_total, event
+        elif event.self_cpu_time_total > 0 and event.name.startswith(("aten::", COMPILED_GRAPH)):
+            yield FUSED if event.name.startswith(COMPILED_GRAPH) else event.name, event.self_cpu_time_total, event
 
 
-def attribute(events, layer_names, cuda):
-    """{row: {"us": time, "layout_us": the layout conversions inside a layer, "kernels": {name: us}}}."""
+def attribute(events, layer_names, cuda, layer_of_shapes=None):
+    """{row: {"us": time, "around_us": a layer's work that is not its convolution's, "kernels": {name: us}}}.
+    ``layer_of_shapes`` (:func:`convolution_shapes`): the layers found by their convolutions' shapes, for a
+    compiled step, whose events hold no layer ranges."""
     layer_of_sequence = forward_sequences(events)
-    rows = {name: {"us": 0.0, "layout_us": 0.0, "kernels": defaultdict(float)}
+    rows = {name: {"us": 0.0, "around_us": 0.0, "kernels": defaultdict(float)}
             for name in [*layer_names, *ROWS_AFTER]}
     for name, us, event in units(events, cuda):
-        layer, optimiser, under_layout, under_conv = context(event, layer_of_sequence)
+        layer, optimiser, under_layout, under_conv = context(event, layer_of_sequence, layer_of_shapes)
         layout = under_layout or LAYOUT_KERNEL.search(name) is not None
         if optimiser:
             row = "optimiser"
+        elif layer is not None:
+            row = layer
+            if layout or not under_conv:
+                rows[layer]["around_us"] += us
         elif layout:
             row = "layout conversions"
-            if layer is not None:
-                rows[layer]["layout_us"] += us
-        elif layer is not None and (under_conv or (cuda and CONV_KERNEL.search(name))):
-            row = layer
         else:
             row = "other element-wise"
         rows[row]["us"] += us
@@ -165,18 +223,19 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
-def profile_step(step, inputs, targets, layers, device, steps=3, warmup=2):
+def profile_step(step, inputs, targets, layers, device, steps=3, warmup=2, layer_of_shapes=None):
     """Profile ``steps`` calls of ``step(inputs, targets)`` after ``warmup`` untimed ones, with a range around
-    each of ``layers`` (``[(name, module)]``, in forward order); returns the table as a dict (times in ms
-    per step)."""
+    each of ``layers`` (``[(name, module)]``, in forward order), or for a compiled step, whose graph the
+    ranges' hooks would break, the layers found by ``layer_of_shapes`` (:func:`convolution_shapes`); returns
+    the table as a dict (times in ms per step)."""
     for _ in range(warmup):
         step(inputs, targets)
     synchronize(device)
     cuda = device.type == "cuda"
-    ranges = LayerRanges(layers)
+    ranges = LayerRanges(layers if layer_of_shapes is None else [])
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     try:
-        with profile(activities=activities) as profiler:
+        with profile(activities=activities, record_shapes=layer_of_shapes is not None) as profiler:
             synchronize(device)
             start = time.perf_counter()
             for _ in range(steps):
@@ -187,25 +246,28 @@ def profile_step(step, inputs, targets, layers, device, steps=3, warmup=2):
         ranges.remove()
     events = profiler.events()
     names = [name for name, _ in layers]
-    rows = attribute(events, names, cuda)
+    rows = attribute(events, names, cuda, layer_of_shapes)
     step_us = 1e6 * seconds
     worked = sum(row["us"] for row in rows.values())
     table = {"device": "cuda" if cuda else "cpu", "steps": steps, "step_ms": step_us / steps / 1e3,
-             "unit": "kernels" if cuda else "operators' own time", "rows": []}
+             "unit": "kernels" if cuda else "operators' own time",
+             "attribution": "convolution shapes" if layer_of_shapes is not None else "ranges and sequence numbers",
+             "rows": []}
     for name, row in rows.items():
         top = max(row["kernels"], key=row["kernels"].get) if row["kernels"] else ""
         kernels = sorted(row["kernels"].items(), key=lambda item: -item[1])[:5]
         table["rows"].append({"row": name, "ms": row["us"] / steps / 1e3, "share": row["us"] / step_us,
-                              "layout_ms": row["layout_us"] / steps / 1e3, "main": top,
+                              "around_ms": row["around_us"] / steps / 1e3, "main": top,
                               "kernels": {kernel: us / steps / 1e3 for kernel, us in kernels},
                               "architectures": sorted({architecture(k) for k in row["kernels"]} - {""})})
     idle = "device idle (no kernel running)" if cuda else "host between operators (Python, hooks)"
     table["rows"].append({"row": idle, "ms": (step_us - worked) / steps / 1e3, "share": (step_us - worked) / step_us,
-                          "layout_ms": 0.0, "main": "", "kernels": {}, "architectures": []})
+                          "around_ms": 0.0, "main": "", "kernels": {}, "architectures": []})
     # The profile's own total, summed another way (every kernel; every operator's own time, by key), to
     # check that the rows lose nothing and count nothing twice.
     profiled = device_kernel_us(events) if cuda else sum(
-        entry.self_cpu_time_total for entry in profiler.key_averages() if entry.key.startswith("aten::"))
+        entry.self_cpu_time_total for entry in profiler.key_averages()
+        if entry.key.startswith(("aten::", COMPILED_GRAPH)))
     table["profiled_ms"], table["attributed_ms"] = profiled / steps / 1e3, worked / steps / 1e3
     return table
 
@@ -213,14 +275,20 @@ def profile_step(step, inputs, targets, layers, device, steps=3, warmup=2):
 def markdown(table, title):
     cuda = table["device"] == "cuda"
     unit, main = ("kernel time", "main kernel") if cuda else ("operators' own CPU time", "main operator")
+    if table.get("attribution") == "convolution shapes":
+        held = ("A layer's row holds its convolution's work, forward and backward, found by its shapes; the "
+                "compiled graph's fused kernels (the activations, the forms' reshuffles) are other element-wise.")
+    else:
+        held = ("A layer's row holds all its work, forward and backward: its convolution and, beside it, what "
+                "is not the convolution's own (an exact form's pads, flips and reshuffles, casts, layout "
+                "conversions).")
     lines = [f"{title}: {table['steps']} steps profiled, {table['step_ms']:.2f} ms a step (wall time, "
-             f"synchronised, profiler on); each row's {unit} per step. A layer's row holds its convolution's "
-             "work; the layout conversions it causes are counted in the layout row, and shown beside it.", "",
-             f"| row | ms | share of the step | layout conversions it causes (ms) | {main} |"
+             f"synchronised, profiler on); each row's {unit} per step. {held}", "",
+             f"| row | ms | share of the step | of which not the convolution (ms) | {main} |"
              + (" architectures |" if cuda else ""), "|---|---|---|---|---|" + ("---|" if cuda else "")]
     for row in table["rows"]:
         kernel = f"`{row['main'][:80]}`" if row["main"] else ""
-        lines.append(f"| {row['row']} | {row['ms']:.2f} | {row['share']:.1%} | {row['layout_ms']:.2f} | {kernel} |"
+        lines.append(f"| {row['row']} | {row['ms']:.2f} | {row['share']:.1%} | {row['around_ms']:.2f} | {kernel} |"
                      + (f" {', '.join(row['architectures'])} |" if cuda else ""))
     total = sum(row["ms"] for row in table["rows"])
     lines.append(f"| the step | {total:.2f} | {total / table['step_ms']:.1%} | | |" + (" |" if cuda else ""))

@@ -19,10 +19,18 @@ in it as well, on the same input: the two times side by side say which form pays
 as ``--exact_forms=auto`` decides for a training run. The whole step is timed as ``train.py`` builds
 it, with the forms ``--exact_forms`` picks.
 
+Then the step is profiled layer by layer (benchmarks/in_step.py, ``--in_step_steps``) three times:
+the layers plain (``--exact_forms=off``), as ``auto`` picks them on this device (what a run computes),
+and all in their exact forms (``on``); each layer's row holds its form's own work beside its
+convolution. The step runs with the options' ``--jit_mode``: compiled, the layers are found by their
+convolutions' shapes.
+
 Results: ``benchmarks/results/layers/<device>-<date>-<precision>.json`` and ``.md`` (refused if
-they exist: ``--out_dir`` elsewhere, or ``--overwrite``).
+they exist: ``--out_dir`` elsewhere, or ``--overwrite``), written as each part is measured (the layer
+table, then each table of the step), so that a run cut off keeps the parts it finished.
 """
 import datetime
+import json
 import os
 import sys
 import time
@@ -32,13 +40,14 @@ import torch
 import train
 from benchmarks import in_step
 from benchmarks.common import (add_output_options, argument_parser, check_preset, claim_files, device_name,
-                               device_slug, free_name, results_folder, software, software_text, write_report)
+                               device_slug, free_name, results_folder, software, software_text)
 from utils.YParams import load_params
 from utils.conv3d import check_conv3d, running_precision
 from utils.distributed import World
 from utils.errors import exit_on_user_error
 from utils.estimate import cpu_model
 from utils.exact_forms import ExactConv, convolution_inputs, exact_form, option_text
+from utils.files import atomic_path
 from utils.flops import resolve_peak_flops, unet_flops_per_sample
 from utils.losses import build_loss
 from utils.optim import Precision, build_optimizer
@@ -47,6 +56,9 @@ PRESETS = {
     "gpu": {"options": ["--config=base", "--amp_mode=bf16", "--device=cuda"], "repeats": 20},
     "cpu": {"options": ["--config=demo", "--device=cpu"], "repeats": 3},
 }
+# The tables of the step layer by layer: the layers plain, as --exact_forms=auto picks them (what a run
+# computes), and all in their exact forms.
+IN_STEP_FORMS = ("off", "auto", "on")
 
 
 def convolutions(model):
@@ -161,15 +173,28 @@ def time_step(params, device, batch, repeats):
     return time_it(lambda: step(inputs, targets), device, repeats)
 
 
-def in_step_tables(options, device, steps):
-    """The step profiled layer by layer (benchmarks/in_step.py), eager, with the layers plain and in their
-    exact forms: {"off": table, "on": table}."""
-    tables = {}
-    for forms in ("off", "on"):
-        params = load_params([*options, "--jit_mode=none", f"--exact_forms={forms}"])
-        model, step, inputs, targets = training_step(params, device, params.global_batch_size)
-        tables[forms] = in_step.profile_step(step, inputs, targets, convolutions(model), device, steps)
-    return tables
+def load_average():
+    """The host's 1-minute load average, or None where the system keeps none: work that shares the machine
+    shows here, and in every time measured beside it."""
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
+def form_of(module):
+    """The form a layer computes in: its exact form's name, or "plain"."""
+    return module.form.name if isinstance(module, ExactConv) else "plain"
+
+
+def in_step_table(options, device, steps, forms):
+    """The step profiled layer by layer (benchmarks/in_step.py), with ``--exact_forms=forms`` and the options'
+    ``--jit_mode`` (compiled: the layers found by their convolutions' shapes); the table says which form each
+    layer computes in (``auto`` picks them on the device)."""
+    params = load_params([*options, f"--exact_forms={forms}"])
+    model, step, inputs, targets = training_step(params, device, params.global_batch_size)
+    layers = convolutions(model)
+    shapes = in_step.convolution_shapes(model, inputs, layers) if params.jit_mode == "compile" else None
+    table = in_step.profile_step(step, inputs, targets, layers, device, steps, layer_of_shapes=shapes)
+    return {"exact_forms": forms, "jit_mode": params.jit_mode, "forms": {name: form_of(m) for name, m in layers},
+            **table}
 
 
 def measure(params, device, repeats, rounds=1):
@@ -219,11 +244,26 @@ def markdown(report):
               f"GFLOP per batch ({total['model_gflop'] / report['batch']:.2f} GFLOP per sample)."
               + (f" Model FLOP utilisation of the step: {total['mfu']:.1%} of {report['peak_tflops']:g} TFLOP/s."
                  if total.get("mfu") is not None else "")]
-    for forms, title in (("off", "The step layer by layer, the layers plain"),
-                         ("on", "The step layer by layer, the layers in their exact forms")):
-        if report.get("in_step", {}).get(forms):
-            lines += ["", in_step.markdown(report["in_step"][forms], title).rstrip("\n")]
+    load = report.get("load_average") or {}
+    if load.get("start") is not None:
+        lines += ["", f"The host's 1-minute load average on its {load['cpus']} cores: {load['start']:.2f} when the "
+                  f"measurement began, {load['end']:.2f} when this part was written."]
+    for table in report.get("in_step", {}).values():
+        lines += ["", in_step.markdown(table, in_step_title(table)).rstrip("\n")]
+        if table.get("load_average") is not None:
+            lines[-1] += f" The host's 1-minute load average as the table was done: {table['load_average']:.2f}."
+    if report.get("in_step_pending"):
+        lines += ["", "Not measured, the run having stopped before them: the step layer by layer with "
+                  + ", ".join(f"--exact_forms={forms}" for forms in report["in_step_pending"]) + "."]
     return "\n".join(lines) + "\n"
+
+
+def in_step_title(table):
+    """The title of a table of the step layer by layer: its --exact_forms, the forms it ran, the --jit_mode."""
+    chosen = [f"{name} {form}" for name, form in table["forms"].items() if form != "plain"]
+    forms = f"in their exact forms ({', '.join(chosen)})" if chosen else "all plain"
+    return (f"The step layer by layer, --exact_forms={table['exact_forms']}, --jit_mode={table['jit_mode']}: "
+            f"the layers {forms}")
 
 
 @exit_on_user_error
@@ -236,8 +276,8 @@ def main(argv=None):
                              "for a machine shared with other work")
     parser.add_argument("--flops", action="store_true", help="print the FLOP table only: no timing, no GPU needed")
     parser.add_argument("--in_step_steps", type=int, default=3,
-                        help="steps profiled for the tables of the step layer by layer, plain and in the exact forms "
-                             "(benchmarks/in_step.py); 0: none")
+                        help="steps profiled for the tables of the step layer by layer, with --exact_forms=off, "
+                             "auto and on (benchmarks/in_step.py); 0: none")
     args, options = parser.parse_known_args(argv)
     if args.flops:
         params = load_params(["--config=base", *options])
@@ -257,12 +297,12 @@ def main(argv=None):
     claim_files([base + ".json", base + ".md"], args.overwrite, earlier="an earlier run on this device today")
 
     warnings = check_conv3d(device, params.amp_mode, params.tf32, params.channels_last)
+    load = {"start": load_average(), "cpus": os.cpu_count()}
     rows, step_seconds = measure(params, device, args.repeats or PRESETS[args.preset]["repeats"], args.rounds)
     batch = params.global_batch_size
     flops, model_flops = sum(row["gflop"] for row in rows) * 1e9, unet_flops_per_sample(params) * batch
     if abs(flops - model_flops) > 1e-6 * model_flops:
         raise AssertionError(f"the layers' FLOPs ({flops:.6g}) do not add up to the model's ({model_flops:.6g})")
-    tables = in_step_tables(resolved, device, args.in_step_steps) if args.in_step_steps > 0 else {}
     peak, _ = resolve_peak_flops(device, precision)
     seconds = sum(row["ms"] for row in rows) / 1e3
     report = {"device": name, **software(), "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
@@ -272,13 +312,30 @@ def main(argv=None):
               "cpu_model": None if device.type == "cuda" else cpu_model(),
               "conv3d_warnings": warnings, "peak_tflops": peak / 1e12 if peak else None,
               "command": "python -m benchmarks.layers " + " ".join(sys.argv[1:] if argv is None else argv),
-              "layers": rows, "in_step": tables,
+              "load_average": load, "layers": rows, "in_step": {}, "in_step_pending": list(IN_STEP_FORMS) if args.in_step_steps > 0 else [],
               "total": {"gflop": flops / 1e9, "ms": 1e3 * seconds, "tflops": flops / seconds / 1e12,
                         "share_of_step": seconds / step_seconds, "model_gflop": model_flops / 1e9,
                         "step_ms": 1e3 * step_seconds, "step_tflops": model_flops / step_seconds / 1e12,
                         "mfu": model_flops / step_seconds / peak if peak else None}}
-    write_report(base, report, markdown(report))
+    # Each part on disk as soon as it is measured: a run cut off keeps the layer table and the finished tables.
+    save(base, report)
+    while report["in_step_pending"]:
+        forms = report["in_step_pending"][0]
+        report["in_step"][forms] = {**in_step_table(resolved, device, args.in_step_steps, forms),
+                                    "load_average": load_average()}
+        report["in_step_pending"].pop(0)
+        save(base, report)
+    print(markdown(report))
+    print(f"Results: {base}.json, {base}.md")
 
+
+def save(base, report):
+    """``<base>.json`` (the report) and ``<base>.md`` (its tables), each replaced whole (utils/files.py)."""
+    os.makedirs(os.path.dirname(base), exist_ok=True)
+    report["load_average"]["end"] = load_average()
+    for suffix, text in ((".json", json.dumps(report, indent=1)), (".md", markdown(report))):
+        with atomic_path(base + suffix) as temporary, open(temporary, "w") as f:
+            f.write(text)
 
 if __name__ == "__main__":
     main()

@@ -47,7 +47,7 @@ import yaml
 
 from benchmarks import ladder, profiles, scaling
 from benchmarks.common import ROOT
-from benchmarks.layers import PRESETS as LAYER_PRESETS
+from benchmarks.layers import IN_STEP_FORMS as LAYER_IN_STEP_FORMS, PRESETS as LAYER_PRESETS
 from benchmarks.trials import warmup_trials
 
 # Samples per second assumed for a rung (batch 64): what its loader delivers (IO) and what its step
@@ -241,10 +241,11 @@ def profiles_rows(steps=4, batch=64):
 
 def layers_rows(batch=64, in_step_steps=3):
     # The layers one by one cost about one step together; then the whole step: two steps per timed call;
-    # then the step profiled layer by layer, plain and in the exact forms (2 warm-up steps each).
+    # then the step profiled layer by layer, --exact_forms=off, auto and on (2 warm-up steps each).
     calls = LAYER_PRESETS["gpu"]["repeats"] + 2
-    return [(f"python -m benchmarks.layers (the layers and a step, {calls} calls each; the step profiled twice)",
-             SETUP_S["process"] + (2 * calls + 2 * (2 + in_step_steps)) * batch / ASSUMED_COMPUTE["amp"])]
+    tables = len(LAYER_IN_STEP_FORMS)
+    return [(f"python -m benchmarks.layers (the layers and a step, {calls} calls each; the step profiled {tables} "
+             "times)", SETUP_S["process"] + (2 * calls + tables * (2 + in_step_steps)) * batch / ASSUMED_COMPUTE["amp"])]
 
 
 def scaling_rows(gpus=1, nbatches=20, ntrials=3, nwarmup=1, batch=64):

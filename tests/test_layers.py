@@ -27,21 +27,33 @@ def test_cpu_preset_writes_the_table_and_refuses_to_overwrite_it(tmp_path, capsy
     report = json.loads(path.read_text())
     assert len(report["layers"]) == 10 and report["batch"] == 8 and report["crop"] == 32
     assert sum(row["gflop"] for row in report["layers"]) == pytest.approx(report["total"]["model_gflop"])
-    assert all(row["ms"] > 0 and row["tflops"] > 0 and 0 < row["share_of_step"] < 1 for row in report["layers"])
+    # A share is the layer's time alone over the step's (above 1 where a busy spell slowed the layer's single call).
+    assert all(row["ms"] > 0 and row["tflops"] > 0 and row["share_of_step"] == pytest.approx(
+        row["ms"] / report["total"]["step_ms"]) for row in report["layers"])
     # The first layer and every transposed one are timed in their exact forms as well (utils/exact_forms.py).
     forms = {row["layer"]: row["exact_form"] for row in report["layers"]}
     assert forms == {"down 1": "space-to-depth", "down 2": None, "down 3": None, "down 4": None, "down 5": None,
                      "up 4": "sub-pixel", "up 3": "sub-pixel", "up 2": "sub-pixel", "up 1": "sub-pixel",
                      "last": "sub-pixel"}
     assert all((row["exact_form_ms"] or 0) > 0 for row in report["layers"] if row["exact_form"])
-    assert report["exact_forms"] == "[]" and report["rounds"] == 1  # auto's choice on a CPU: the layers plain and report["cpu_model"]
+    assert report["exact_forms"] == "[]" and report["rounds"] == 1 and report["cpu_model"]  # auto's choice on a CPU: plain
+    load = report["load_average"]  # a machine shared with other work says so beside its times
+    assert load["start"] >= 0 and load["end"] >= 0 and load["cpus"] >= 1
+    assert f"load average on its {load['cpus']} cores: {load['start']:.2f} when the measurement began, " \
+           f"{load['end']:.2f}" in path.with_suffix(".md").read_text()
     assert report["command"] == "python -m benchmarks.layers --preset cpu --out_dir " + str(tmp_path) + " --repeats 1"
-    # The step layer by layer (benchmarks/in_step.py), the layers plain and in their exact forms.
-    for forms, title in (("off", "the layers plain"), ("on", "the layers in their exact forms")):
-        rows = {row["row"]: row["ms"] for row in report["in_step"][forms]["rows"]}
+    # The step layer by layer (benchmarks/in_step.py): the layers plain, as auto picks them, in their exact forms.
+    assert list(report["in_step"]) == ["off", "auto", "on"] and report["in_step_pending"] == []
+    for forms, table in report["in_step"].items():
+        rows = {row["row"]: row["ms"] for row in table["rows"]}
         assert list(rows)[:10] == [row["layer"] for row in report["layers"]]
-        assert sum(rows.values()) == pytest.approx(report["in_step"][forms]["step_ms"])
-        assert f"The step layer by layer, {title}: 3 steps profiled" in path.with_suffix(".md").read_text()
+        assert sum(rows.values()) == pytest.approx(table["step_ms"])
+        assert table["exact_forms"] == forms and table["jit_mode"] == "none" and table["load_average"] >= 0
+        assert f"load average as the table was done: {table['load_average']:.2f}." in path.with_suffix(".md").read_text()
+        assert f"--exact_forms={forms}, --jit_mode=none: the layers " in path.with_suffix(".md").read_text()
+        # auto: each layer plain or in its own exact form, as the device decides.
+        assert all(table["forms"][row["layer"]] in ({"off": "plain", "on": row["exact_form"] or "plain"}.get(forms) or
+                                                    {"plain", row["exact_form"] or "plain"}) for row in report["layers"])
     output = capsys.readouterr().out
     assert "| last | ConvTranspose3d | 32 -> 5 | 16 |" in output and "The layers' FLOPs add up" in output
     last = next(line for line in output.splitlines() if line.startswith("| last |"))
@@ -85,3 +97,65 @@ def test_rounds_keep_each_function_s_least_mean(monkeypatch):
     slow, fast = layers.time_rounds([call("slow"), call("fast")], torch.device("cpu"), repeats=3, rounds=2)
     # Round 1: 2 untimed + 3 timed calls of each (slow: 0.03 each); round 2: slow's mean of 0.01 is kept.
     assert slow == pytest.approx(0.01) and fast == pytest.approx(0.002)
+
+
+SMALL = ["--preset", "cpu", "--base_channels=4", "--global_batch_size=2", "--repeats", "1"]
+
+
+def test_a_run_cut_off_keeps_the_parts_it_finished(tmp_path, monkeypatch):
+    """The layer table is on disk as soon as it is measured, and each table of the step as soon as it is
+    profiled: an interruption during the second table keeps the layer table and the first, and says which are
+    missing; each file is whole (written beside and renamed: no temporary file left), in a folder it made."""
+    measured, tmp_path = layers.in_step_table, tmp_path / "new"
+
+    def cut_off_at_auto(options, device, steps, forms):
+        if forms == "auto":
+            report = json.loads(next(tmp_path.glob("*.json")).read_text())
+            assert list(report["in_step"]) == ["off"] and report["in_step_pending"] == ["off", "auto", "on"][1:]
+            raise KeyboardInterrupt
+        return measured(options, device, steps, forms)
+
+    monkeypatch.setattr(layers, "in_step_table", cut_off_at_auto)
+    with pytest.raises(SystemExit) as stopped:  # exit_on_user_error: a Ctrl-C ends with status 130
+        layers.main([*SMALL, "--in_step_steps", "1", "--out_dir", str(tmp_path)])
+    assert stopped.value.code == 130
+    [path] = tmp_path.glob("*.json")
+    report = json.loads(path.read_text())
+    assert len(report["layers"]) == 10 and all(row["ms"] > 0 for row in report["layers"])
+    assert list(report["in_step"]) == ["off"] and report["in_step_pending"] == ["auto", "on"]
+    text = path.with_suffix(".md").read_text()
+    assert "| last | ConvTranspose3d |" in text and "--exact_forms=off, --jit_mode=none" in text
+    assert "Not measured, the run having stopped before them: the step layer by layer with --exact_forms=auto, " \
+           "--exact_forms=on." in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name, path.with_suffix(".md").name]
+
+
+def test_a_run_killed_by_sigterm_keeps_its_layer_table(tmp_path):
+    """A real process, terminated (as a scheduler's time limit does) while it profiles the step: the layer table
+    it measured first is on disk, whole."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import timeout_for
+
+    # Enough profiled steps that the process is still profiling the first table when it is terminated.
+    process = subprocess.Popen([sys.executable, "-m", "benchmarks.layers", *SMALL, "--in_step_steps", "100000",
+                                "--out_dir", str(tmp_path)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout_for(60)
+    try:
+        while not list(tmp_path.glob("*.json")) and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.2)
+        assert process.poll() is None, "the run ended before it was terminated"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=timeout_for(10)) == -signal.SIGTERM
+    finally:
+        if process.poll() is None:
+            process.kill()
+    [path] = tmp_path.glob("*.json")
+    report = json.loads(path.read_text())
+    assert len(report["layers"]) == 10 and report["in_step"] == {}
+    assert report["in_step_pending"] == ["off", "auto", "on"]
+    assert "| last | ConvTranspose3d |" in path.with_suffix(".md").read_text()

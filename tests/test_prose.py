@@ -107,7 +107,7 @@ NOT_YET = {
     "docs/07-differences-from-the-original.md": {"words": 1537, "sentences_over_50": 1, "dates_in_running_prose": 0},
     "docs/08-tests.md": {"words": 2487, "sentences_over_50": 14, "dates_in_running_prose": 8},
     "docs/10-going-further-distributed.md": {"words": 2928, "sentences_over_50": 4, "dates_in_running_prose": 1},
-    "docs/09-going-further.md": {"words": 7261, "sentences_over_50": 27, "dates_in_running_prose": 33}}
+    "docs/09-going-further.md": {"words": 7284, "sentences_over_50": 26, "dates_in_running_prose": 33}}
 CORE_PATH_WORDS = 13000  # what the learner reads before the optional chapters: README.md and chapters 01-04
 
 
