@@ -98,8 +98,8 @@ export PYTHONUNBUFFERED=1
 declare -A BUDGET=([headline]=530 [preflight]=40 [ladder]=530 [ladder-alone]=390 [batch-sweep]=400 [original]=530
                    [profiles]=530 [tests-gpu]=280 [tests-compile]=170 [tests-distributed]=470 [graph-lesson]=200
                    [nsys-probe]=180 [scaling]=110 [dali]=390 [multi-gpu]=210)
-STAGES="headline preflight ladder ladder-alone batch-sweep profiles tests-gpu tests-compile tests-distributed scaling dali
-        graph-lesson multi-gpu nsys-probe original"
+STAGES="headline preflight ladder ladder-alone batch-sweep profiles tests-gpu tests-compile tests-distributed scaling"
+STAGES+=" dali graph-lesson multi-gpu nsys-probe original"
 NSYS_LIMIT=120  # seconds for one Nsight Systems route: its start, the run, the report (its importer included)
 
 # The tools' sizes: the GPU's, or, with CPU_CHECK=1, the CPU presets' at their smallest (the same code path).
