@@ -10,9 +10,12 @@ Runs anywhere, no GPU needed. On your own GPU, ``benchmarks/gpu_suite.sh`` runs 
 plan. The plan is for a remote machine where a session has 15 minutes of GPU time in all
 (:data:`SESSION_S`): the machine's start (1-2 minutes), every command (10 minutes at most), the
 transfers, and the 30 s of idle after the last command, when the machine is released. So the plan is
-sessions, each on a machine that starts bare, the most valuable first: (1) the preflight, the ladder
-and the profiles; (2) the GPU-only tests and the one-GPU scaling point; (3) the distributed code on
-CUDA tensors (two ranks on the one GPU over gloo); (4) DALI. A session's commands are sent back to
+sessions, each on a machine that starts bare, the most valuable first (:data:`SINGLE_GPU`): (1) the
+headline, the numbers that decide in one command; (2) the preflight and the GPU-only tests; (3) the
+distributed code on CUDA tensors (two ranks on the one GPU over gloo) and the out-of-memory tests;
+(4) DALI; (5) the CUDA-graph lesson and the batch sweep; (6) Debian's Nsight Systems and the rungs
+alone; then the ladder, the scaling point and the profiles, the original's stage, which the committed
+runs already measured on an H100 and an H200. A session's commands are sent back to
 back (a machine goes back 30 seconds after a command ends, and may be replaced by a bare one between
 two commands), and each command stands on its own: it starts by installing the small wheels it
 carries (ruamel.yaml, which every script imports) into a fresh folder, reads nothing an earlier
@@ -25,11 +28,16 @@ estimates, their budgets (what gpu_suite.sh enforces: its ``BUDGET`` table, whic
 to these), the transfers; each session, with the machine's start, must fit its 15 minutes with a
 margin (:data:`MARGIN_S`) if every command used its whole budget.
 
-The estimates read the rungs, trial sizes and batches from the benchmark tools themselves and
-price them with the throughputs in :data:`ASSUMED_IO` and :data:`ASSUMED_COMPUTE`: the original
-tutorial's A100 figures (README of the SC22 tutorial), which an H100 or H200 exceeds, so they are
-upper bounds for such a GPU. Set-up costs, transfers and the GPU tests' costs are estimates, marked
-as such, but for DALI's extraction and a part's transfer, measured on an H200 (2026-11-26).
+The estimates read the rungs, trial sizes and batches from the benchmark tools themselves. What a
+process costs before its trials comes from the committed measurements: cuDNN's autotuning, paid again by
+every process (benchmarks/results/cudnn_autotune/: 41.2 s on an H100 in channels_last, 12.4 s
+contiguous on an H200), torch.compile's set-up and whole rung processes (the committed ladder logs,
+benchmarks/results/gpu_suite/). Trials are priced with the throughputs in :data:`ASSUMED_IO` and
+:data:`ASSUMED_COMPUTE`: the original tutorial's A100 figures (README of the SC22 tutorial), which an
+H100 or H200 exceeds, so they are upper bounds for such a GPU. The exact forms' own autotuning,
+transfers and the GPU tests' costs are estimates, marked as such, but for DALI's extraction and a
+part's transfer, measured on an H200 (2026-11-26). Where a stage's rungs cannot all fit its budget, the
+plan names the ones its budget cuts.
 
 One GPU runs the distributed code with two ranks over gloo (NCCL refuses two ranks on one GPU): the
 ``tests-distributed`` stage. NCCL itself, the halo exchange of domain parallelism on CUDA tensors (gloo
