@@ -362,7 +362,7 @@ stage_headline() {
     # 6. Nsight Compute on the first and last layers, plain and in their forms (it says why where it cannot run;
     #    with CPU_CHECK it prints its ncu command and runs the layers without it).
     STEP_CAP=75 step ncu 50 "$PYTHON" -m benchmarks.ncu_layers --preset "$PRESET" "${PRECISION[@]}" --enable_fused \
-        --channels_last --exact_forms=off --out_dir "$dir/ncu" "${NCU_OPTIONS[@]}" || status=1
+        --channels_last --exact_forms=off --out_dir "$dir/ncu" --overwrite "${NCU_OPTIONS[@]}" || status=1
     # 7. The committed best rung again (eager, channels_last, forms off): this machine against the committed H100.
     if [ -n "$data" ]; then
         headline_rung anchor 70 90 "${BEST[@]}" --jit_mode=none --exact_forms=off || status=1

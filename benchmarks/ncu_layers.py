@@ -16,7 +16,8 @@ report shows beside each kernel). ncu records the kernels inside the windows onl
 ``--clock-control none`` keeps the GPU's own clocks, as in training. Results, in ``--out_dir`` (default
 ``runs/benchmarks/ncu_layers/``): ``ncu_layers.ncu-rep`` (open it in Nsight Compute), ``ncu_layers.csv``
 (``ncu --import ... --page details --csv``: every kernel's section metrics, readable anywhere) and
-``ncu_layers.log`` (the command, the layers' lines, ncu's output).
+``ncu_layers.log`` (the command, the layers' lines, ncu's output); refused where they exist, unless
+``--overwrite``.
 
 The tool says why it measures nothing and ends with status 0 where ncu cannot run: no CUDA GPU, no
 ``ncu`` found, or a GPU where ncu fails to start its profiler (an H200 in a gVisor sandbox ends with
@@ -36,7 +37,7 @@ import time
 import torch
 
 import train
-from benchmarks.common import ROOT, add_output_options, relative, results_folder, run, user_folder
+from benchmarks.common import ROOT, add_output_options, claim_files, relative, results_folder, run, user_folder
 from benchmarks.layers import PRESETS, layer_call, layer_flops, time_it
 from utils.YParams import load_params
 from utils.distributed import World
@@ -138,6 +139,8 @@ def main(argv=None):
     parser.add_argument("--dry_run", action="store_true", help="print the ncu command, then run the layers without "
                         "ncu (any machine)")
     parser.add_argument("--force", action="store_true", help="run ncu where it is known to fail to start")
+    parser.add_argument("--overwrite", action="store_true", help="replace the results an earlier run left in the "
+                        "output folder (refused without it)")
     parser.add_argument("--timeout", type=int, default=300, help="seconds for ncu's run")
     parser.add_argument("--run", action="store_true", help=argparse.SUPPRESS)  # the process ncu profiles
     args, options = parser.parse_known_args(argv)  # the rest: train.py options (--channels_last, --amp_mode=...)
@@ -156,6 +159,7 @@ def main(argv=None):
     if why:
         print(f"{NAME}: not run: {why}")
         return 0
+    claim_files([base + suffix for suffix in (".ncu-rep", ".csv", ".log")], args.overwrite)
     os.makedirs(folder, exist_ok=True)
     log = base + ".log"
     with open(log, "w") as f:

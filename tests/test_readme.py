@@ -495,10 +495,10 @@ def check_precision(made):
 def check_plan(made):
     output = made.output
     assert re.findall(r"^ *\d+\. stage ([\w -]+?): budget \d+ s, about \d+ s; carry .+?; timeout_s \d+ \(fits\)$",
-                      output, flags=re.M) == ["preflight", "ladder", "scaling", "ladder-alone", "profiles",
-                                              "tests-gpu and tests-compile", "tests-distributed", "batch-sweep",
-                                              "nsys-probe", "original"]
-    assert len(re.findall(r"of the 15 min of device time a session has \(fits, with \d+ s to spare\)", output)) == 7
+                      output, flags=re.M) == ["headline", "preflight", "tests-gpu and tests-compile",
+                                              "tests-distributed", "graph-lesson", "batch-sweep", "nsys-probe",
+                                              "ladder-alone", "ladder", "scaling", "profiles", "original"]
+    assert len(re.findall(r"of the 15 min of device time a session has \(fits, with \d+ s to spare\)", output)) == 9
     assert "(each fits its 15 min)" in output
 
 
