@@ -323,7 +323,7 @@ original_checkout() {
 }
 
 stage_headline() {
-    # The numbers that decide, in one command, most valuable first (benchmarks/README.md): each step is not
+    # The numbers that decide, in one command, most valuable first (benchmarks/HEADLINE.md): each step is not
     # started where its price no longer fits the budget, is ended at its cap, and is packed as it ends;
     # headline/summary.txt says what ran, with its status and seconds. Every rung names --exact_forms.
     local status=0 dir="$RESULTS/headline" checkout help=() data=1
