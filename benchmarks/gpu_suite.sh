@@ -296,11 +296,14 @@ rung_spec() {
 
 headline_rung() {
     # headline_rung NAME SECONDS CAP OPTIONS...: one rung timed as the ladder times it (IO, SYNTHETIC and FULL
-    # trials, in a process of its own, its log in the stage's), its summary in headline/NAME.json.
-    local name=$1 need=$2 cap=$3
+    # trials, in a process of its own, its log in the stage's), its summary in headline/NAME.json. A compiled
+    # rung holds Inductor's layout optimisation on, as the ladder's compiled rungs do: the last layer's sub-pixel
+    # form would otherwise turn it off for the whole graph, and the forms auto and off would differ in more.
+    local name=$1 need=$2 cap=$3 environment=()
     shift 3
-    STEP_CAP=$cap step "$name" "$need" "$PYTHON" -m benchmarks.ladder --measure_rung "$(rung_spec "$@")" \
-        --result "$RESULTS/headline/$name.json" "${HEADLINE_SIZES[@]}"
+    [[ " $* " == *" --jit_mode=compile "* ]] && environment=(env TORCHINDUCTOR_FORCE_LAYOUT_OPT=1)
+    STEP_CAP=$cap step "$name" "$need" "${environment[@]}" "$PYTHON" -m benchmarks.ladder \
+        --measure_rung "$(rung_spec "$@")" --result "$RESULTS/headline/$name.json" "${HEADLINE_SIZES[@]}"
 }
 
 data_made() {

@@ -171,6 +171,9 @@ def test_the_headline_measures_the_rungs_the_plan_prices_each_naming_the_exact_f
     rungs = re.findall(r'headline_rung ([\w-]+) \d+ \d+ "\$\{BEST\[@\]\}" (.+?) \|\|', commands)
     assert {name: [*best, *options.split()] for name, options in rungs} == suite_plan.HEADLINE_RUNGS
     assert suite_plan.HEADLINE_RUNGS["compile-auto"][:-1] == ladder.COMPILED  # the ladder's + torch.compile
+    # Compiled, Inductor's layout optimisation held on with the forms and without (as the ladder's compiled rungs).
+    helper = re.search(r"^headline_rung\(\) \{\n(.*?)^\}", script(), flags=re.M | re.S).group(1)
+    assert '*" --jit_mode=compile "*' in helper and "environment=(env TORCHINDUCTOR_FORCE_LAYOUT_OPT=1)" in helper
     for tool in ("-m benchmarks.layers", "-m benchmarks.ncu_layers"):
         [line] = [line for line in commands.split(" || ") if tool in line]
         assert re.search(r"--exact_forms=(auto|off)\b", line), tool
