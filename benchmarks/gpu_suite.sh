@@ -190,7 +190,7 @@ pack() {
     parts=$((OUT_FILES - others_n))
     room=$((OUT_MIB * 1024 * 1024 - others_b))
     [ $((parts * PART_MIB * 1024 * 1024)) -lt "$room" ] && room=$((parts * PART_MIB * 1024 * 1024))
-    rm -f "$archive" "$archive".part* "$RESULTS/gpu_suite-left-out.txt"
+    rm -f "$RESULTS/gpu_suite-left-out.txt"  # the last archive stays until the new one replaces it
     while :; do
         tar czf "$archive.tmp" "${files[@]}" 2>/dev/null || { rm -f "$archive.tmp"; return 1; }
         size=$(stat -c %s "$archive.tmp")
@@ -210,7 +210,8 @@ pack() {
         mapfile -t files < <(printf '%s\n' "${files[@]}" | sort -u)
     done
     [ ${#left_out[@]} -gt 0 ] && note "left out of the archive, too large: ${left_out[*]}"
-    mv "$archive.tmp" "$archive"
+    rm -f "$archive".part*
+    mv "$archive.tmp" "$archive"  # at once: a command cut off at any moment returns a whole archive
     if [ "$size" -gt $((PART_MIB * 1024 * 1024)) ]; then
         split -b "${PART_MIB}M" -d "$archive" "$archive.part" && rm "$archive"
     fi
