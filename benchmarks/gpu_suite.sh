@@ -15,6 +15,11 @@
 #          -J gpu_suite -o gpu_suite-%j.out --wrap "PYTHON=.venv/bin/python benchmarks/gpu_suite.sh"
 #
 # The stages:
+#   headline          the numbers that decide, most valuable first, each step packed as it ends: the layers plain
+#                     against their exact forms and the step layer by layer (benchmarks.layers, channels_last,
+#                     --exact_forms=auto); the best rung compiled with the forms auto and off (SYNTHETIC and FULL);
+#                     the original's train.py for two epochs; Nsight Compute on the first and last layers
+#                     (benchmarks.ncu_layers); the committed best rung again, as this machine's anchor; summary.txt
 #   preflight         python -m benchmarks.preflight: what the later stages rely on
 #   ladder            python -m benchmarks.ladder --group ladder: the GPU-resident rungs, each adding one thing
 #   ladder-alone      python -m benchmarks.ladder --group alone: the GPU-resident rungs measured alone
@@ -30,11 +35,12 @@
 #                     (LOADERS_ONLY=DALI: its rung alone)
 #   multi-gpu         DDP, FSDP, domain [2,1,1] and the CUDA-graph step under DDP, over NCCL (two GPUs
 #                     or more; with one it says so and passes)
+#   graph-lesson      python -m benchmarks.graph_lesson: eager against the CUDA graph where launches set the
+#                     pace (the demo's width, crop 32, local batch 1 to 8)
 #   original          python -m benchmarks.original: the original tutorial's train.py beside this project's
 #                     rungs on the same data (ORIGINAL=<its checkout>, default .carry/sc22-original)
-#   nsys-probe        which Nsight Systems writes a report of train.py's profiling window here: the
-#                     machine's own nsys, and Debian's 2022.4 CLI where its .deb is in .carry/nsys/;
-#                     each route's log, report or raw .qdstrm capture under nsys-probe/
+#   nsys-probe        whether Debian's Nsight Systems 2022.4 CLI (its .deb in .carry/nsys/) writes a report of
+#                     train.py's profiling window here; its log, report or raw .qdstrm capture under nsys-probe/
 #
 # Run it from the repository's top-level folder with the Python that has torch (PYTHON=..., default
 # python3; COMMIT=... names the commit in the logs where the copy has no .git). Results land under
@@ -77,7 +83,7 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 RESULTS=${RESULTS:-runs/benchmarks/gpu_suite}  # where results go (benchmarks/suite_plan.py's SUITE_RESULTS)
-DATA_DIR=data/benchmark
+DATA_DIR=${DATA_DIR:-data/benchmark}  # the benchmarks' synthetic data set, made where missing
 PREFLIGHT=$RESULTS/preflight.json
 CARRIED_PREFLIGHT=.carry/preflight/preflight.json
 # A remote machine's commands (OUT set) end at 600 s: there a stage has its BUDGET, at most 540 s.
@@ -89,23 +95,35 @@ export PYTHONUNBUFFERED=1
 
 # Seconds per stage and per step: priced by benchmarks/suite_plan.py (--plan shows both; a test keeps
 # these equal to its figures).
-declare -A BUDGET=([preflight]=60 [ladder]=430 [ladder-alone]=290 [batch-sweep]=340 [profiles]=240 [tests-gpu]=340 [tests-compile]=170
-                   [tests-distributed]=400 [scaling]=110 [dali]=330 [multi-gpu]=210 [nsys-probe]=320 [original]=530)
-STAGES="preflight ladder ladder-alone batch-sweep profiles tests-gpu tests-compile tests-distributed scaling dali multi-gpu nsys-probe original"
+declare -A BUDGET=([headline]=530 [preflight]=40 [ladder]=520 [ladder-alone]=390 [batch-sweep]=430 [original]=530
+                   [profiles]=530 [tests-gpu]=280 [tests-compile]=170 [tests-distributed]=470 [graph-lesson]=200
+                   [nsys-probe]=180 [scaling]=110 [dali]=390 [multi-gpu]=210)
+STAGES="headline preflight ladder ladder-alone batch-sweep profiles tests-gpu tests-compile tests-distributed scaling"
+STAGES+=" dali graph-lesson multi-gpu nsys-probe original"
 NSYS_LIMIT=120  # seconds for one Nsight Systems route: its start, the run, the report (its importer included)
 
 # The tools' sizes: the GPU's, or, with CPU_CHECK=1, the CPU presets' at their smallest (the same code path).
 if [ -n "$CPU_CHECK" ]; then
     PRESET=cpu
     LADDER_SIZES=(--nbatches 2 --ntrials 1 --nwarmup 0)
-    PROFILE_ONLY=(--only gpu_inmem --steps 1) LAYERS_SIZES=(--repeats 1)
+    PROFILE_ONLY=(--only gpu_inmem --steps 1) LAYERS_SIZES=(--repeats 1 --in_step_steps 1)
     SCALING_SIZES=(--ranks 1 --nbatches 2 --ntrials 1 --nwarmup 0)
     LOADER_ONLY=(--only "48 symmetries")
+    HEADLINE_SIZES=(--nbatches 2 --ntrials 1 --nwarmup 0)
+    HEADLINE_LAYERS=(--global_batch_size=2 --repeats 1 --in_step_steps 1) NCU_OPTIONS=(--global_batch_size=2 --dry_run)
+    BOX=128 COMMON=(--config=demo --global_batch_size=2 --device=cpu) PRECISION=()
 else
     PRESET=gpu
     LADDER_SIZES=(--nbatches 6 --ntrials 2 --nwarmup 1)
     PROFILE_ONLY=() LAYERS_SIZES=() SCALING_SIZES=() LOADER_ONLY=()
+    HEADLINE_SIZES=(--nbatches 12 --ntrials 3 --nwarmup 1)
+    HEADLINE_LAYERS=(--repeats 10 --in_step_steps 3) NCU_OPTIONS=(--timeout 60)
+    BOX=256 COMMON=(--config=base --device=cuda) PRECISION=(--amp_mode=bf16)
 fi
+# The headline's rungs (benchmarks/ladder.py's + channels_last and + torch.compile, the exact forms named):
+# the ladder's options for the preset (its data set, its size), bf16 on a GPU.
+COMMON+=(--train_path="$DATA_DIR/synthetic_train.h5" --val_path="$DATA_DIR/synthetic_valid.h5" --checkpoint=false)
+BEST=(--data_loader_config=gpu-inmem "${PRECISION[@]}" --enable_fused --channels_last)
 # The loaders' rungs whose names hold this text (the ladder's --only), e.g. DALI where the host loaders'
 # rungs were measured by an earlier command.
 [ -n "${LOADERS_ONLY:-}" ] && LOADER_ONLY=(--only "$LOADERS_ONLY")
@@ -172,7 +190,7 @@ pack() {
     parts=$((OUT_FILES - others_n))
     room=$((OUT_MIB * 1024 * 1024 - others_b))
     [ $((parts * PART_MIB * 1024 * 1024)) -lt "$room" ] && room=$((parts * PART_MIB * 1024 * 1024))
-    rm -f "$archive" "$archive".part* "$RESULTS/gpu_suite-left-out.txt"
+    rm -f "$RESULTS/gpu_suite-left-out.txt"  # the last archive stays until the new one replaces it
     while :; do
         tar czf "$archive.tmp" "${files[@]}" 2>/dev/null || { rm -f "$archive.tmp"; return 1; }
         size=$(stat -c %s "$archive.tmp")
@@ -192,7 +210,8 @@ pack() {
         mapfile -t files < <(printf '%s\n' "${files[@]}" | sort -u)
     done
     [ ${#left_out[@]} -gt 0 ] && note "left out of the archive, too large: ${left_out[*]}"
-    mv "$archive.tmp" "$archive"
+    rm -f "$archive".part*
+    mv "$archive.tmp" "$archive"  # at once: a command cut off at any moment returns a whole archive
     if [ "$size" -gt $((PART_MIB * 1024 * 1024)) ]; then
         split -b "${PART_MIB}M" -d "$archive" "$archive.part" && rm "$archive"
     fi
@@ -208,16 +227,23 @@ repack_if_changed() {
 
 step() {
     # step NAME SECONDS COMMAND...: run COMMAND if about SECONDS are left of the stage's budget, under a
-    # limit at the budget's end; pack after it (and while it runs, as it writes results).
-    local name=$1 need=$2 left
+    # limit at the budget's end, or at STEP_CAP seconds where that comes first (STEP_CAP=150 step ...; not
+    # with CPU_CHECK, whose times are a CPU's); pack after it (and while it runs, as it writes results).
+    # With SUMMARY set (a file), each step's outcome is added to it.
+    local name=$1 need=$2 left limit began=$SECONDS why="the stage's budget"
     shift 2
     left=$((DEADLINE - SECONDS - PACK_RESERVE))
     if [ "$left" -lt "$need" ]; then
         note "step $name not run: $left s left of the stage's budget, and it needs about $need s"
+        summarize "$name: not run ($left s left of the budget, it needs about $need s)"
         return 1
     fi
-    note "step $name: about $need s, at most $left s"
-    timeout -s INT -k 15 "$left" "$@" &
+    limit=$left
+    if [ -z "$CPU_CHECK" ] && [ -n "${STEP_CAP:-}" ] && [ "$STEP_CAP" -lt "$left" ]; then
+        limit=$STEP_CAP why="its cap"
+    fi
+    note "step $name: about $need s, at most $limit s"
+    timeout -s INT -k 15 "$limit" "$@" &
     STEP_PID=$!
     while kill -0 "$STEP_PID" 2>/dev/null; do
         sleep 2 & wait $!  # interruptible: SIGTERM is handled at once
@@ -226,15 +252,23 @@ step() {
     wait "$STEP_PID"
     local status=$?
     STEP_PID=
-    [ "$status" -eq 124 ] && note "step $name stopped at the stage's budget"
+    [ "$status" -eq 124 ] && note "step $name stopped at $why ($limit s)"
     note "step $name ended with status $status after $((SECONDS - START)) s of the stage"
+    summarize "$name: status $status$([ "$status" -eq 124 ] && echo " (stopped at $why)") in $((SECONDS - began)) s"
     pack
     return $status
+}
+
+summarize() {
+    [ -n "${SUMMARY:-}" ] && echo "step $*" >> "$SUMMARY"
+    return 0
 }
 
 on_signal() {
     note "stage $STAGE: $1 received after $((SECONDS - START)) s; packing what is done"
     [ -n "${STEP_PID:-}" ] && kill -INT "$STEP_PID" 2>/dev/null && wait "$STEP_PID" 2>/dev/null
+    [ -n "${BACKGROUND_PID:-}" ] && kill "$BACKGROUND_PID" 2>/dev/null
+    summarize "stage: $1 received after $((SECONDS - START)) s"
     pack
     exit "$2"
 }
@@ -243,27 +277,127 @@ on_signal() {
 
 PYTEST=(-m pytest -q -ra -p no:cacheprovider --durations=15)
 
+headline_header() {
+    # What the headline's numbers depend on: the commit, the date, the device and its software.
+    echo "# benchmarks/gpu_suite.sh headline, $(date -u +%FT%TZ), commit" \
+         "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}${CPU_CHECK:+, CPU_CHECK=1}"
+    "$PYTHON" -c 'import platform, torch
+from benchmarks.common import device_name, software
+print("device:", device_name(torch.cuda.is_available()))
+print("python:", platform.python_version())
+for key, value in software().items():
+    print(f"{key}:", value)'
+}
+
+rung_spec() {
+    # The JSON of one rung for benchmarks/ladder.py's --measure_rung child: the preset's options and these.
+    "$PYTHON" -c 'import json, sys; print(json.dumps({"options": sys.argv[1:], "script": "train.py"}))' \
+        "${COMMON[@]}" "$@"
+}
+
+headline_rung() {
+    # headline_rung NAME SECONDS CAP OPTIONS...: one rung timed as the ladder times it (IO, SYNTHETIC and FULL
+    # trials, in a process of its own, its log in the stage's), its summary in headline/NAME.json. A compiled
+    # rung holds Inductor's layout optimisation on, as the ladder's compiled rungs do: the last layer's sub-pixel
+    # form would otherwise turn it off for the whole graph, and the forms auto and off would differ in more.
+    # The variable is benchmarks/ladder.py's COMPILED_ENVIRONMENT (tests/test_gpu_suite.py keeps the two equal).
+    local name=$1 need=$2 cap=$3 environment=()
+    shift 3
+    [[ " $* " == *" --jit_mode=compile "* ]] && environment=(env TORCHINDUCTOR_FORCE_LAYOUT_OPT=1)
+    STEP_CAP=$cap step "$name" "$need" "${environment[@]}" "$PYTHON" -m benchmarks.ladder \
+        --measure_rung "$(rung_spec "$@")" --result "$RESULTS/headline/$name.json" "${HEADLINE_SIZES[@]}"
+}
+
+data_made() {
+    # Whether the data set the headline started in the background is there (waits for it).
+    if [ -n "${BACKGROUND_PID:-}" ]; then
+        wait "$BACKGROUND_PID"
+        DATA_STATUS=$?
+        BACKGROUND_PID=
+    fi
+    [ "${DATA_STATUS:-1}" -eq 0 ] && [ -f "$DATA_DIR/synthetic_train.h5" ]
+}
+
+original_checkout() {
+    # A checkout of the original tutorial: ORIGINAL=<folder>, else .carry/sc22-original or ../shared/sc22/original.
+    local checkout=${ORIGINAL:-}
+    [ -z "$checkout" ] && for checkout in .carry/sc22-original ../shared/sc22/original ""; do
+        [ -f "$checkout/train.py" ] && break
+    done
+    echo "$checkout"
+}
+
+stage_headline() {
+    # The numbers that decide, in one command, most valuable first (benchmarks/README.md, the headline): each step is not
+    # started where its price no longer fits the budget, is ended at its cap, and is packed as it ends;
+    # headline/summary.txt says what ran, with its status and seconds. Every rung names --exact_forms.
+    local status=0 dir="$RESULTS/headline" checkout help=() data=1
+    mkdir -p "$dir"
+    SUMMARY="$dir/summary.txt"
+    headline_header > "$SUMMARY"
+    # 1. The data set, made on the CPU while the GPU times the layers (which need none).
+    "$PYTHON" -c "from benchmarks.common import make_data; make_data('$DATA_DIR', $BOX)" > "$dir/data.log" 2>&1 &
+    BACKGROUND_PID=$!
+    summarize "set-up: versions written; the data set is being made in the background (data.log)"
+    # 2. Each layer plain and in its exact form at the run's shapes, the whole step with the forms auto picks,
+    #    the step layer by layer (plain, and in the forms), in the best rung's layout.
+    STEP_CAP=150 step layers 110 "$PYTHON" -m benchmarks.layers --preset "$PRESET" "${PRECISION[@]}" --enable_fused \
+        --channels_last --exact_forms=auto "${HEADLINE_LAYERS[@]}" --out_dir "$dir/layers" --overwrite || status=1
+    if ! data_made; then
+        data= status=1
+        note "steps compile-auto, compile-off, original and anchor not run: the data set was not made ($dir/data.log)"
+        summarize "compile-auto, compile-off, original, anchor: not run (no data set: data.log)"
+    fi
+    # 3-4. The best rung compiled (gpu-inmem, bf16, fused Adam, channels_last, torch.compile), the forms auto, then off.
+    if [ -n "$data" ]; then
+        headline_rung compile-auto 110 150 "${BEST[@]}" --jit_mode=compile --exact_forms=auto || status=1
+        headline_rung compile-off 80 120 "${BEST[@]}" --jit_mode=compile --exact_forms=off || status=1
+    fi
+    # 5. The original's train.py on the same data, two epochs of each run this machine can do (none of this
+    #    project's rungs: the others are this stage's). Its train.py needs CUDA: with CPU_CHECK, its --help.
+    checkout=$(original_checkout)
+    [ -n "$CPU_CHECK" ] && help=(--help)
+    if [ -z "$checkout" ] && [ -z "$CPU_CHECK" ]; then
+        note "step original not run: no checkout of the original tutorial (ORIGINAL=<folder>, .carry/sc22-original)"
+        summarize "original: not run (no checkout of the original: .carry/sc22-original)"
+    elif [ -n "$data" ]; then
+        STEP_CAP=130 step original 100 "$PYTHON" -m benchmarks.original --original="$checkout" --data_dir "$DATA_DIR" \
+            --epochs 2 --rungs none --out_dir "$dir/original" --overwrite "${help[@]}" || status=1
+    fi
+    # 6. Nsight Compute on the first and last layers, plain and in their forms (it says why where it cannot run;
+    #    with CPU_CHECK it prints its ncu command and runs the layers without it).
+    STEP_CAP=75 step ncu 50 "$PYTHON" -m benchmarks.ncu_layers --preset "$PRESET" "${PRECISION[@]}" --enable_fused \
+        --channels_last --exact_forms=off --out_dir "$dir/ncu" --overwrite "${NCU_OPTIONS[@]}" || status=1
+    # 7. The committed best rung again (eager, channels_last, forms off): this machine against the committed H100.
+    if [ -n "$data" ]; then
+        headline_rung anchor 70 90 "${BEST[@]}" --jit_mode=none --exact_forms=off || status=1
+    fi
+    echo "stage: $((SECONDS - START)) s of its budget of $((DEADLINE - START)) s" >> "$SUMMARY"
+    return $status
+}
+
 stage_preflight() {
-    step preflight 40 "$PYTHON" -m benchmarks.preflight --out_dir "$RESULTS" --nsys_timeout 30  # writes $PREFLIGHT
+    step preflight 20 "$PYTHON" -m benchmarks.preflight --out_dir "$RESULTS" --nsys_timeout 30  # writes $PREFLIGHT
 }
 
 stage_ladder() {
     # The cumulative ladder's GPU-resident rungs, each in a process of its own; the compile rungs skip
     # themselves, with the reason, where torch.compile cannot build; DALI's and the host loaders' are the
     # dali stage's, the rungs alone the ladder-alone stage's.
-    step ladder 380 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group ladder --data_dir "$DATA_DIR" \
+    step ladder 460 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group ladder --data_dir "$DATA_DIR" \
         --out_dir "$RESULTS" --overwrite --batch_sweep "${LADDER_SIZES[@]}"  # the sweep is the batch-sweep stage's
 }
 
 stage_batch-sweep() {
-    # The ladder's top rung (everything together), then at local batch 64, 128 and 256, with peak memory.
-    step batch-sweep 300 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group ladder --only "compile's CUDA graphs" \
-        --data_dir "$DATA_DIR" --out_dir "$RESULTS/batch-sweep" --overwrite "${LADDER_SIZES[@]}"
+    # The ladder's top rung (everything together) at the base config's local batch of 64, then at 128 and 256,
+    # with peak memory (64 is the top rung's own measurement: not measured twice).
+    step batch-sweep 380 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group ladder --only "compile's CUDA graphs" \
+        --data_dir "$DATA_DIR" --out_dir "$RESULTS/batch-sweep" --overwrite --batch_sweep 128 256 "${LADDER_SIZES[@]}"
 }
 
 stage_ladder-alone() {
     # Each GPU-resident rung alone on bf16 + fused Adam, in a folder of its own (the ladder's files keep their names).
-    step ladder-alone 250 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group alone --data_dir "$DATA_DIR" \
+    step ladder-alone 340 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group alone --data_dir "$DATA_DIR" \
         --out_dir "$RESULTS/ladder-alone" --overwrite "${LADDER_SIZES[@]}"
 }
 
@@ -274,10 +408,10 @@ stage_profiles() {
         false) nsys=(); note "profiles without nsys: the preflight saw it write no report" ;;
         unknown) note "profiles: no preflight says whether nsys writes reports; the profiles tool probes it (at most 45 s)" ;;
     esac
-    step profiles 120 "$PYTHON" -m benchmarks.profiles --preset "$PRESET" --data_dir "$DATA_DIR" "${nsys[@]}" \
+    step profiles 340 "$PYTHON" -m benchmarks.profiles --preset "$PRESET" --data_dir "$DATA_DIR" "${nsys[@]}" \
         --timeout 120 --out_dir "$RESULTS/profiles" --overwrite "${PROFILE_ONLY[@]}" || status=1
     # In the best rung's layout (bf16 with the preset, fused Adam, channels_last): the step layer by layer too.
-    step layers 20 "$PYTHON" -m benchmarks.layers --preset "$PRESET" --out_dir "$RESULTS/layers" --overwrite \
+    step layers 100 "$PYTHON" -m benchmarks.layers --preset "$PRESET" --out_dir "$RESULTS/layers" --overwrite \
         --enable_fused --channels_last "${LAYERS_SIZES[@]}" || status=1
     # The first step's cost of cuDNN's autotuning, where this tree has the tool (its output is in this
     # stage's log; with CPU_CHECK its --help: the GPU measures it).
@@ -291,12 +425,16 @@ stage_profiles() {
     return $status
 }
 
+# The GPU-only tests of each stage (pytest -k): the out-of-memory tests go with the distributed ones, whose
+# stage has the room.
+GPU_TESTS="not compile and not dali and not cuda_distributed and not out_of_memory"
+DISTRIBUTED_TESTS="cuda_distributed or out_of_memory"
+
 stage_tests-gpu() {
     # The GPU-only tests (marked gpu: CUDA graphs, no host syncs, the profiling window and its kernels, a
-    # capturable resume, device prefetch and gradient accumulation, out-of-memory) but torch.compile's,
-    # DALI's and the distributed ones. SIGINT at the limit: pytest stops and still prints its summary.
-    step tests-gpu 300 "$PYTHON" "${PYTEST[@]}" -m gpu -k "not compile and not dali and not cuda_distributed" \
-        --junitxml="$RESULTS/gpu_suite-tests-gpu.xml"
+    # capturable resume, device prefetch and gradient accumulation) but torch.compile's, DALI's, the
+    # distributed ones and the out-of-memory ones. SIGINT at the limit: pytest stops and still prints its summary.
+    step tests-gpu 240 "$PYTHON" "${PYTEST[@]}" -m gpu -k "$GPU_TESTS" --junitxml="$RESULTS/gpu_suite-tests-gpu.xml"
 }
 
 stage_tests-compile() {
@@ -309,8 +447,9 @@ stage_tests-distributed() {
     # DDP (buckets, comm hooks), FSDP, gradient accumulation, the device prefetcher under DDP and --resume
     # on CUDA tensors, each against one rank: two ranks share this GPU over gloo (DIST_BACKEND=gloo), which
     # NCCL refuses. gloo sends no CUDA tensor point to point, so the domain mesh's halo exchange is the
-    # multi-gpu stage's (tests/test_cuda_distributed.py says what stays untested without NCCL).
-    step tests-distributed 350 "$PYTHON" "${PYTEST[@]}" -m gpu -k cuda_distributed \
+    # multi-gpu stage's (tests/test_cuda_distributed.py says what stays untested without NCCL). Then the
+    # out-of-memory tests: a real CUDA out-of-memory error, and an absurd local batch.
+    step tests-distributed 410 "$PYTHON" "${PYTEST[@]}" -m gpu -k "$DISTRIBUTED_TESTS" \
         --junitxml="$RESULTS/gpu_suite-tests-distributed.xml"
 }
 
@@ -321,6 +460,16 @@ stage_scaling() {
     # read against.
     step scaling 90 "$PYTHON" -m benchmarks.scaling --preset "$PRESET" --data_dir "$DATA_DIR" --timeout 120 \
         --out_dir "$RESULTS/scaling" --overwrite "${SCALING_SIZES[@]}"
+}
+
+stage_graph-lesson() {
+    # The CUDA-graph lesson where the host's launches set the pace: eager against train_graph.py's graph at the
+    # demo's width, crop 32, local batch 1, 2, 4 and 8 (benchmarks/graph_lesson.py; its production point is
+    # the ladder's). A CUDA graph needs a GPU: with CPU_CHECK, its --help.
+    local help=()
+    [ -n "$CPU_CHECK" ] && help=(--help)
+    step graph-lesson 170 "$PYTHON" -m benchmarks.graph_lesson --no_production --extra=--exact_forms=off \
+        --out_dir "$RESULTS/graph-lesson" --overwrite "${help[@]}"
 }
 
 stage_dali() {
@@ -337,7 +486,7 @@ stage_dali() {
         step profile-dali 50 "$PYTHON" -m benchmarks.profiles --preset "$PRESET" --data_dir "$DATA_DIR" --only dali \
             --timeout 120 --out_dir "$RESULTS/profiles-dali" --overwrite || status=1
     fi
-    step loaders 210 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group loaders --data_dir "$DATA_DIR" \
+    step loaders 260 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group loaders --data_dir "$DATA_DIR" \
         --out_dir "$RESULTS/loaders" --overwrite "${LADDER_SIZES[@]}" "${LOADER_ONLY[@]}" || status=1
     return $status
 }
@@ -407,62 +556,49 @@ stage_original() {
     # The original tutorial's train.py beside this project's rungs on the same data (benchmarks/original.py),
     # from a checkout of the original: ORIGINAL=<folder>, by default .carry/sc22-original (the plan carries a
     # copy there) or ../shared/sc22/original.
-    local checkout=${ORIGINAL:-} help=()
-    [ -z "$checkout" ] && for checkout in .carry/sc22-original ../shared/sc22/original ""; do
-        [ -f "$checkout/train.py" ] && break
-    done
+    local checkout help=()
+    checkout=$(original_checkout)
     if [ -n "$CPU_CHECK" ]; then
         help=(--help)  # the original's train.py needs CUDA: the GPU measures it
     elif [ -z "$checkout" ]; then
         note "step original not run: no checkout of the original tutorial (ORIGINAL=<folder>, .carry/sc22-original)"
         return 1
     fi
-    step original 500 "$PYTHON" -m benchmarks.original --original="$checkout" --data_dir "$DATA_DIR" \
+    step original 510 "$PYTHON" -m benchmarks.original --original="$checkout" --data_dir "$DATA_DIR" \
         --out_dir "$RESULTS/original" --overwrite "${help[@]}"
 }
 
 stage_nsys-probe() {
-    # Which Nsight Systems route can make sample_nsys_profiles/'s reports on this machine: (1) its own
-    # nsys (on PATH, or inside Nsight Compute's or CUDA's folders), given NSYS_LIMIT s; a target-only copy
-    # writes a .qdstrm, kept for (3): QdstrmImporter of the same version, on another machine; (2) Debian's
-    # nsight-systems-target 2022.4 CLI, carried as its .deb in .carry/nsys/ (contrib non-free in the Debian
-    # source, apt-get update, apt-get download nsight-systems-target: python -m benchmarks.nsight fetch) and unpacked here.
-    local status=0 nsys deb gpus
+    # Whether Debian's nsight-systems-target 2022.4 CLI, carried as its .deb in .carry/nsys/ (contrib non-free in
+    # the Debian source, apt-get update, apt-get download nsight-systems-target: python -m benchmarks.nsight
+    # fetch) and unpacked here, writes a report of train.py's profiling window on this GPU (given NSYS_LIMIT s).
+    # The machine's own nsys is not tried: a target-only copy (inside Nsight Compute's folder) writes a .qdstrm
+    # capture that only the QdstrmImporter of its own version can turn into a report.
+    local status=0 nsys deb gpus unpacked
     mkdir -p "$RESULTS/nsys-probe"
     gpus=$(cuda_gpus)
-    if [ "$gpus" != 0 ]; then  # the data set the routes profile on (without a GPU no route runs)
-        step data 20 "$PYTHON" -c "from benchmarks.common import make_data; make_data('$DATA_DIR', 256)" || return 1
-    fi
-    export -f nsys_route note  # run by step (under timeout), in a shell of their own
-    export RESULTS PYTHON DATA_DIR NSYS_LIMIT
-    nsys=$("$PYTHON" -c 'from benchmarks.nsight import find_nsys; print(find_nsys() or "")')
-    if [ -z "$nsys" ]; then
-        note "step nsys-machine not run: no nsys here (PATH, /opt/nvidia, /usr/local/cuda)" |
-            tee "$RESULTS/nsys-probe/machine.log"
-    elif [ "$gpus" = 0 ]; then
-        note "step nsys-machine not run: $nsys found, and no CUDA GPU to profile" | tee "$RESULTS/nsys-probe/machine.log"
-    else
-        step nsys-machine 130 bash -c 'nsys_route "$@"' _ machine "$nsys" || status=1
-    fi
     deb=$(ls .carry/nsys/nsight-systems-target_*.deb 2>/dev/null | head -n 1)
     if [ -z "$deb" ]; then
         note "step nsys-debian not run: no .carry/nsys/nsight-systems-target_*.deb carried" |
             tee "$RESULTS/nsys-probe/debian.log"
+        return 0
     elif [ "$gpus" = 0 ]; then
         note "step nsys-debian not run: no CUDA GPU to profile" | tee "$RESULTS/nsys-probe/debian.log"
-    else
-        local unpacked
-        unpacked=$(mktemp -d)
-        { dpkg-deb -x "$deb" "$unpacked" 2>/dev/null || (cd "$unpacked" && ar p "$OLDPWD/$deb" 'data.tar.*' | tar xJ); }
-        nsys=$(find "$unpacked" -type f -name nsys -perm -u+x | head -n 1)
-        if [ -z "$nsys" ]; then
-            note "step nsys-debian not run: $deb holds no nsys executable" | tee "$RESULTS/nsys-probe/debian.log"
-            status=1
-        else
-            step nsys-debian 130 bash -c 'nsys_route "$@"' _ debian "$nsys" || status=1
-        fi
-        rm -rf "$unpacked"
+        return 0
     fi
+    step data 20 "$PYTHON" -c "from benchmarks.common import make_data; make_data('$DATA_DIR', 256)" || return 1
+    export -f nsys_route note  # run by step (under timeout), in a shell of their own
+    export RESULTS PYTHON DATA_DIR NSYS_LIMIT
+    unpacked=$(mktemp -d)
+    { dpkg-deb -x "$deb" "$unpacked" 2>/dev/null || (cd "$unpacked" && ar p "$OLDPWD/$deb" 'data.tar.*' | tar xJ); }
+    nsys=$(find "$unpacked" -type f -name nsys -perm -u+x | head -n 1)
+    if [ -z "$nsys" ]; then
+        note "step nsys-debian not run: $deb holds no nsys executable" | tee "$RESULTS/nsys-probe/debian.log"
+        status=1
+    else
+        step nsys-debian 130 bash -c 'nsys_route "$@"' _ debian "$nsys" || status=1
+    fi
+    rm -rf "$unpacked"
     return $status
 }
 
@@ -499,7 +635,7 @@ for STAGE in "$@"; do
     [ -n "$CPU_CHECK" ] || [ -z "${OUT:-}" ] && budget=$STAGE_LIMIT
     [ "$budget" -gt "$STAGE_LIMIT" ] && budget=$STAGE_LIMIT
     DEADLINE=$((START + budget))
-    STAMP=$(mktemp) PACKED=$(mktemp)
+    STAMP=$(mktemp) PACKED=$(mktemp) SUMMARY=
     touch -d '-2 seconds' "$STAMP"  # files written in this second count as the stage's
     log="$RESULTS/gpu_suite-$STAGE-$(date -u +%Y-%m-%d).log"
     trap 'on_signal SIGTERM 143' TERM

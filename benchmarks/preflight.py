@@ -22,7 +22,9 @@ answer travels when its preflight.json is carried (``--plan`` says how):
 - a two-step torch-profiler trace that must hold CUDA kernel events (CUPTI records none on some
   sandboxed machines: then the profiles stage would show no device time);
 - ``nsys``: found or not, and whether it writes a report of a short CUDA program within
-  ``--nsys_timeout`` seconds, its importer included (its process group is ended at the limit);
+  ``--nsys_timeout`` seconds, its importer included (its process group is ended at the limit). An
+  nsys with no ``QdstrmImporter`` beside it (a target-only copy, such as the one inside Nsight
+  Compute's folder) is not tried: it writes raw ``.qdstrm`` captures, never a report;
 - NVIDIA DALI importable or not (the DALI rung and tests need its install command first).
 
 On a machine without a GPU it runs the CPU half (versions, /dev/shm, compiler, a CPU profiler
@@ -128,10 +130,14 @@ def conv3d_findings(device):
     return findings
 
 
+NO_IMPORTER = ("a target-only copy, with no QdstrmImporter beside it: it writes raw .qdstrm captures, never a "
+               "report (not tried)")
+
+
 def run_checks(nsys_timeout=45, work_dir=None, done=lambda facts, key: None):
     """Every check this machine can run, as a dict; ``skipped`` names the rest, with the reason.
     ``done(facts, key)`` is called as each check finishes (the preflight writes and prints it then)."""
-    from benchmarks.nsight import find_nsys
+    from benchmarks.nsight import find_nsys, importers
     from benchmarks.profiles import probe_nsys
 
     cuda = torch.cuda.is_available()
@@ -171,7 +177,9 @@ def run_checks(nsys_timeout=45, work_dir=None, done=lambda facts, key: None):
     check("dali", dali_version())
     nsys = find_nsys()
     facts["nsys"] = {"path": nsys}
-    if nsys and cuda:
+    if nsys and not importers(nsys):
+        facts["nsys"].update(report=False, why=NO_IMPORTER, seconds=0.0)
+    elif nsys and cuda:
         work_dir = work_dir or tempfile.mkdtemp(prefix="preflight-")
         start = time.perf_counter()
         usable, why = probe_nsys(work_dir, nsys_timeout)

@@ -10,9 +10,12 @@ Runs anywhere, no GPU needed. On your own GPU, ``benchmarks/gpu_suite.sh`` runs 
 plan. The plan is for a remote machine where a session has 15 minutes of GPU time in all
 (:data:`SESSION_S`): the machine's start (1-2 minutes), every command (10 minutes at most), the
 transfers, and the 30 s of idle after the last command, when the machine is released. So the plan is
-sessions, each on a machine that starts bare, the most valuable first: (1) the preflight, the ladder
-and the profiles; (2) the GPU-only tests and the one-GPU scaling point; (3) the distributed code on
-CUDA tensors (two ranks on the one GPU over gloo); (4) DALI. A session's commands are sent back to
+sessions, each on a machine that starts bare, the most valuable first (:data:`SINGLE_GPU`): (1) the
+headline, the numbers that decide in one command; (2) the preflight and the GPU-only tests; (3) the
+distributed code on CUDA tensors (two ranks on the one GPU over gloo) and the out-of-memory tests;
+(4) DALI; (5) the CUDA-graph lesson and the batch sweep; (6) Debian's Nsight Systems and the rungs
+alone; then the ladder, the scaling point and the profiles, the original's stage, which the committed
+runs already measured on an H100 and an H200. A session's commands are sent back to
 back (a machine goes back 30 seconds after a command ends, and may be replaced by a bare one between
 two commands), and each command stands on its own: it starts by installing the small wheels it
 carries (ruamel.yaml, which every script imports) into a fresh folder, reads nothing an earlier
@@ -25,11 +28,16 @@ estimates, their budgets (what gpu_suite.sh enforces: its ``BUDGET`` table, whic
 to these), the transfers; each session, with the machine's start, must fit its 15 minutes with a
 margin (:data:`MARGIN_S`) if every command used its whole budget.
 
-The estimates read the rungs, trial sizes and batches from the benchmark tools themselves and
-price them with the throughputs in :data:`ASSUMED_IO` and :data:`ASSUMED_COMPUTE`: the original
-tutorial's A100 figures (README of the SC22 tutorial), which an H100 or H200 exceeds, so they are
-upper bounds for such a GPU. Set-up costs, transfers and the GPU tests' costs are estimates, marked
-as such, but for DALI's extraction and a part's transfer, measured on an H200 (2026-11-26).
+The estimates read the rungs, trial sizes and batches from the benchmark tools themselves. What a
+process costs before its trials comes from the committed measurements: cuDNN's autotuning, paid again by
+every process (benchmarks/results/cudnn_autotune/: 41.2 s on an H100 in channels_last, 12.4 s
+contiguous on an H200), torch.compile's set-up and whole rung processes (the committed ladder logs,
+benchmarks/results/gpu_suite/). Trials are priced with the throughputs in :data:`ASSUMED_IO` and
+:data:`ASSUMED_COMPUTE`: the original tutorial's A100 figures (README of the SC22 tutorial), which an
+H100 or H200 exceeds, so they are upper bounds for such a GPU. The exact forms' own autotuning,
+transfers and the GPU tests' costs are estimates, marked as such, but for DALI's extraction and a
+part's transfer, measured on an H200 (2026-11-26). Where a stage's rungs cannot all fit its budget, the
+plan names the ones its budget cuts.
 
 One GPU runs the distributed code with two ranks over gloo (NCCL refuses two ranks on one GPU): the
 ``tests-distributed`` stage. NCCL itself, the halo exchange of domain parallelism on CUDA tensors (gloo
@@ -38,7 +46,9 @@ the plan for a machine with several GPUs (``--gpus N``), with the weak-scaling p
 single-GPU plan runs the one-GPU point.
 """
 import argparse
+import datetime
 import glob
+import json
 import math
 import os
 import re
@@ -55,12 +65,65 @@ from benchmarks.trials import warmup_trials
 # has them; the GPU-resident loader's IO, which it lacks, put below its DALI IO (944) to be safe.
 ASSUMED_IO = {"lowmem, 2 workers": 85, "lowmem, 8 workers": 199, "dali": 944, "gpu-inmem": 900}
 ASSUMED_COMPUTE = {"fp32": 482, "amp": 820, "batch 8": 400}  # TF32 baseline, fp16 AMP, batch 8 (launch-bound)
-# Seconds, estimated: a rung's build (model, optimiser, loader; cuDNN's autotuning lands in its warm-up
-# trial), torch.compile's compilation of the step (the whole torch.compile rung, compilation and trials, took
-# 42 s on an H100 on 2026-11-25 and 32 s on an H200 on 2026-11-26: gpu_suite-ladder-*.log), a process's
-# start (Python, torch, CUDA), the data set (measured: 19 s for 256^3 on the project's 2-core CPU
-# machine), a train.py run of the tiny test config on a GPU.
-SETUP_S = {"rung": 10, "compile": 45, "graph": 10, "dali": 15, "data": 20, "process": 6, "test run": 20}
+# Seconds, estimated: a rung's build (model, optimiser, loader), a process's start (Python, torch, CUDA), the
+# data set (measured: 19 s for 256^3 on the project's 2-core CPU machine), a train.py run of the tiny test
+# config on a GPU; --exact_forms=on: the forms' own convolutions autotuned (about 20 more problems), and =auto
+# on top of that its batch-1 shape probe. What a process pays for cuDNN's autotuning and torch.compile's
+# set-up is read from the committed measurements: autotune_seconds(), compile_seconds().
+SETUP_S = {"rung": 10, "graph": 10, "dali": 15, "data": 20, "process": 6, "test run": 20, "forms": 20, "auto": 30}
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+LADDER_LOGS = os.path.join(RESULTS, "gpu_suite", "gpu_suite-ladder-*.log")
+
+
+def autotune_seconds():
+    """``{"channels_last": s, "contiguous": s, "new batch": s}``: the first step's extra seconds, cuDNN's autotuning
+    at batch 64 in bf16, the most any committed GPU measured (benchmarks/results/cudnn_autotune/: the
+    ``channels_last`` phase; the ``on`` phase, the first autotuned step of a process; the ``partial batch``
+    phase, a new batch shape in a process already tuned). Every process pays it again: PyTorch keeps no cuDNN
+    plan across processes."""
+    phases = {"channels_last": "channels_last", "on": "contiguous", "partial batch": "new batch"}
+    found = dict.fromkeys(phases.values(), 0.0)
+    for path in sorted(glob.glob(os.path.join(RESULTS, "cudnn_autotune", "*.md"))):
+        for line in open(path):
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            if len(cells) == 7 and cells[0] in phases:
+                found[phases[cells[0]]] = max(found[phases[cells[0]]], float(cells[5]))
+    return found
+
+
+def rung_processes(gpu="H100"):
+    """``{rung name: seconds}``: each rung's process in the committed ladder logs of a ``gpu`` (its name in the log's
+    nvidia-smi line), from its ``=== name:`` line to its result line: start, build, autotuning, compilation and
+    trials together."""
+    seconds = {}
+    for path in sorted(glob.glob(LADDER_LOGS)):
+        lines = open(path).read().splitlines()
+        if len(lines) < 2 or gpu not in lines[1]:
+            continue
+        started = {}
+        for line in lines:
+            found = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ - (?:=== (.+?): |(\{.*\})$)", line)
+            if not found:
+                continue
+            stamp = datetime.datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S")
+            if found.group(2):
+                started[found.group(2)] = stamp
+            else:
+                name = json.loads(found.group(3)).get("name")
+                if name in started:
+                    seconds[name] = (stamp - started[name]).total_seconds()
+    return seconds
+
+
+# The committed H100 ladder's rungs (gpu_suite-ladder-2026-11-25.log) that price the others.
+EAGER_CONTIGUOUS, COMPILED_CONTIGUOUS = "+ fused Adam (bf16)", "+ torch.compile (bf16, fused)"
+EAGER_CHANNELS_LAST = "+ channels_last (bf16, fused)"
+
+
+def compile_seconds():
+    """torch.compile's set-up in a process: the compiled contiguous rung's process less the eager one's (H100)."""
+    measured = rung_processes("H100")
+    return measured[COMPILED_CONTIGUOUS] - measured[EAGER_CONTIGUOUS]
 # The ladder's trial sizes on a GPU (gpu_suite.sh passes them; a test keeps the two equal).
 LADDER = {"nbatches": 6, "ntrials": 2, "nwarmup": 1}
 PREFETCH_FACTOR = 2   # a DataLoader's batches in flight per worker (utils/data_loader.py)
@@ -75,8 +138,6 @@ GPU_TESTS = [("tests/test_train_graph.py: 3 precisions x (eager + graph) runs", 
              ("tests/test_gpu_prefetch.py: device prefetch and gradient accumulation (reserved: 3 runs)",
               3 * TEST_RUN),
              ("the loaders, metrics and symmetry on the GPU (no train.py runs)", 10),
-             ("tests/test_out_of_memory.py: a real out-of-memory error in epoch 2, and an absurd local batch (2 runs)",
-              2 * TEST_RUN + 20),
              ("pytest's start and collection", 10)]
 COMPILE_TESTS = [("tests/test_gpu_paths.py compile: two epochs, reduce-overhead, training and validation "
                   "compiled", 130), ("pytest's start and collection", 10)]
@@ -90,6 +151,8 @@ DISTRIBUTED_TESTS = [("tests/dist_worker.py's variants (DDP and its knobs, comm 
                       5 * TORCHRUN_RUN),
                      ("--resume: a 2-rank run stopped by SIGUSR1, and its resumption (2 runs)", 2 * TORCHRUN_RUN),
                      ("gloo's point-to-point messages on CUDA tensors, and the domain mesh's refusal", 30),
+                     ("tests/test_out_of_memory.py: a real out-of-memory error in epoch 2, and an absurd local batch "
+                      "(2 runs)", 2 * TEST_RUN + 20),
                      ("pytest's start and collection", 10)]
 DALI_TESTS = [("tests/test_data_loader_dali.py on the GPU: two loaders compared (no train.py runs)", 20),
               ("pytest's start and collection", 10)]
@@ -165,11 +228,14 @@ def trial_seconds(options, nbatches, ntrials, nwarmup, batch):
 
 
 def rung_setup(options, script="train.py", batch=64):
-    """A rung's process and build, and what runs before its trials: the compilation, or the graph's
-    warm-up and capture."""
+    """A rung's process and build, and what runs before its trials: cuDNN's autotuning (channels_last or
+    contiguous), the exact forms' own, the compilation, or the graph's warm-up and capture."""
     text = " ".join(options)
-    seconds = (SETUP_S["process"] + SETUP_S["rung"] + SETUP_S["compile"] * ("--jit_mode=compile" in text)
-               + SETUP_S["dali"] * ("dali" in text))
+    layout = "channels_last" if "--channels_last" in options else "contiguous"
+    forms = next((option.split("=")[1] for option in options if option.startswith("--exact_forms=")), "auto")
+    seconds = (SETUP_S["process"] + SETUP_S["rung"] + autotune_seconds()[layout]
+               + compile_seconds() * ("--jit_mode=compile" in text) + SETUP_S["dali"] * ("dali" in text)
+               + {"on": SETUP_S["forms"], "auto": SETUP_S["auto"]}.get(forms, 0))
     if script == "train_graph.py":
         seconds += SETUP_S["graph"] + (GRAPH_WARMUP_STEPS + 2) * batch / rung_rates(options)[1]
     return seconds
@@ -185,27 +251,36 @@ RESERVED_RUNGS = [ladder.Rung("lowmem, 8 workers + device prefetch (room kept fo
 SWEEP_RUNG = "compile's CUDA graphs"
 
 
+# The batch sweep's local batches past the top rung's own 64 (gpu_suite.sh's batch-sweep stage passes them).
+SWEEP_BATCHES = (128, 256)
+
+
 def ladder_rows(group, nbatches=LADDER["nbatches"], ntrials=LADDER["ntrials"], nwarmup=LADDER["nwarmup"], batch=64,
-                only="", sweep=False):
+                only="", sweep=(), room=None):
+    """A ladder stage's rows: the data set, then each rung's process as the ladder runs it (its options as
+    ladder_options completes them), then the sweep's batches. With ``room`` (seconds), the rungs past it are not
+    priced but named in one row: the ladder measures from the top down, so a budget cuts its last rungs."""
     rows = [("make the 256^3 data set and its .npy copies", SETUP_S["data"])]
     rungs = [rung for rung in ladder.rungs_for("gpu", dali=True, group=group) if only in rung.name]
     if group == "loaders" and not any("--device_prefetch=true" in rung.options for rung in rungs):
         rungs = rungs + RESERVED_RUNGS
+    processes = []
     for rung in rungs:
-        size = 8 if "--global_batch_size=8" in " ".join(rung.options) else batch
+        options = ladder.ladder_options(rung, True)
+        size = 8 if "--global_batch_size=8" in " ".join(options) else batch
         batches = min(nbatches, rung.nbatches or nbatches)
-        rows.append((f"{rung.name} (a process of its own)", rung_setup(rung.options, rung.script, size)
-                     + trial_seconds(rung.options, batches, ntrials, nwarmup, size)))
-    if sweep:  # the local-batch sweep at the best rung measured, priced as the top rung
-        top = ladder.LADDER_RUNGS[-1]
-        for size in ladder.BATCH_SWEEP:
-            rows.append((f"the batch sweep: the best rung at local batch {size} (a process of its own)",
-                         rung_setup(top.options, top.script, size) + trial_seconds(top.options, nbatches, ntrials,
-                                                                                  nwarmup, size)))
+        processes.append((rung.name, f"{rung.name} (a process of its own)", rung_setup(options, rung.script, size)
+                          + trial_seconds(options, batches, ntrials, nwarmup, size)))
+    rows = within(rows, processes, room, "measured last, from the top down")
+    top = ladder.LADDER_RUNGS[-1]
+    for size in sweep:  # the local-batch sweep at the best rung measured, priced as the top rung
+        rows.append((f"the batch sweep: the best rung at local batch {size} (a process of its own)",
+                     rung_setup(top.options, top.script, size) + trial_seconds(top.options, nbatches, ntrials,
+                                                                              nwarmup, size)))
     return rows
 
 
-def original_rows(dali=False, batch=64):
+def original_rows(dali=False, batch=64, room=None):
     """benchmarks/original.py on a GPU: the original's runs (its epochs, at the original's published rates,
     with a process's start and one validation), then this project's rungs as the ladder measures them. Its
     session has no DALI (DALI travels in the dali session's parts): the DALI runs of both sides are not run."""
@@ -219,12 +294,28 @@ def original_rows(dali=False, batch=64):
         rows.append((f"the original: {entry['name']}", 2 * SETUP_S["process"] + SETUP_S["rung"]
                      + ORIGINAL_EPOCHS * ORIGINAL_SAMPLES / rate))
     rungs = ladder.rungs_for("gpu", dali=dali)
+    processes = []
     for fragment, rung in original.pick_rungs(list(original.DEFAULT_RUNGS), rungs):
         if rung is None:
             continue
         nbatches = max(10, rung.nbatches or 0)  # benchmarks/original.py's --nbatches, or a host loader's floor
-        rows.append((f"this project: {rung.name} (a process of its own)", rung_setup(rung.options, rung.script, batch)
-                     + trial_seconds(rung.options, nbatches, 2, 1, batch)))
+        processes.append((rung.name, f"this project: {rung.name} (a process of its own)",
+                          rung_setup(rung.options, rung.script, batch) + trial_seconds(rung.options, nbatches, 2, 1,
+                                                                                       batch)))
+    return within(rows, processes, room, "this project's rungs run in this order")
+
+
+def within(rows, processes, room, order):
+    """``rows`` and the ``(name, what, seconds)`` of ``processes`` that fit ``room`` seconds in all (None: all);
+    the rest, which a stage's budget cuts, named in one row."""
+    cut = []
+    for name, what, seconds in processes:
+        if cut or (room is not None and step_seconds(rows + [(what, seconds)]) > room):
+            cut.append(name)
+        else:
+            rows = rows + [(what, seconds)]
+    if cut:
+        rows = rows + [(f"not reached within the budget ({order}): {', '.join(cut)}", 0)]
     return rows
 
 
@@ -239,13 +330,77 @@ def profiles_rows(steps=4, batch=64):
     return rows
 
 
-def layers_rows(batch=64, in_step_steps=3):
-    # The layers one by one cost about one step together; then the whole step: two steps per timed call;
-    # then the step profiled layer by layer, --exact_forms=off, auto and on (2 warm-up steps each).
-    calls = LAYER_PRESETS["gpu"]["repeats"] + 2
-    tables = len(LAYER_IN_STEP_FORMS)
-    return [(f"python -m benchmarks.layers (the layers and a step, {calls} calls each; the step profiled {tables} "
-             "times)", SETUP_S["process"] + (2 * calls + tables * (2 + in_step_steps)) * batch / ASSUMED_COMPUTE["amp"])]
+def layers_rows(batch=64, repeats=LAYER_PRESETS["gpu"]["repeats"], in_step_steps=3, forms="auto"):
+    """benchmarks.layers in channels_last: its process, cuDNN's autotuning of the layers in both forms, the
+    whole step's forms (``--exact_forms``), the timed calls, and the step profiled layer by layer, plain and in
+    the exact forms, as auto picks them (benchmarks.layers' IN_STEP_FORMS)."""
+    # The layers plain and in their forms cost about two steps together; then the whole step; each timed
+    # call after 2 untimed; the profiled steps after 2 warm-up steps each, their tables built on the host.
+    calls = repeats + 2
+    return [("a process's start", SETUP_S["process"]),
+            ("cuDNN's autotuning in channels_last (benchmarks/results/cudnn_autotune/)",
+             autotune_seconds()["channels_last"]),
+            ("the exact forms' own convolutions autotuned (estimated)", SETUP_S["forms"]),
+            (f"the whole step with --exact_forms={forms}: its choice (estimated)",
+             {"on": 0, "auto": SETUP_S["auto"] - SETUP_S["forms"]}.get(forms, 0)),
+            (f"each layer plain and in its form, then the step: {calls} calls each",
+             3 * calls * batch / ASSUMED_COMPUTE["amp"]),
+            (f"the step profiled layer by layer, --exact_forms={'/'.join(LAYER_IN_STEP_FORMS)} ({in_step_steps} steps "
+             "each, estimated)", len(LAYER_IN_STEP_FORMS) * (5 + (2 + in_step_steps) * batch / ASSUMED_COMPUTE["amp"]))]
+
+
+# The headline's trial sizes (gpu_suite.sh's HEADLINE_SIZES; a test keeps the two equal), and the rungs it measures:
+# the ladder's + torch.compile (the exact forms auto, then off) and + channels_last (forms off: the committed best rung).
+HEADLINE = {"nbatches": 12, "ntrials": 3, "nwarmup": 1}
+HEADLINE_RUNGS = {"compile-auto": [*ladder.COMPILED, "--exact_forms=auto"],
+                  "compile-off": [*ladder.COMPILED, "--exact_forms=off"],
+                  "anchor": [*ladder.CHANNELS_LAST, "--jit_mode=none", "--exact_forms=off"]}
+NCU_S = 45  # python -m benchmarks.ncu_layers, estimated: the layers' autotuning, ncu's replays of about 40 kernels
+
+
+def measured_full(name, folder="", gpu="nvidia-h100"):
+    """FULL samples/s of the rung ``name`` in the committed ladder results of a ``gpu`` (benchmarks/results/<folder>)."""
+    for path in sorted(glob.glob(os.path.join(RESULTS, folder, f"{gpu}*.json"))):
+        with open(path) as f:
+            for run in json.load(f)["runs"]:
+                if run["name"] == name and run.get("full"):
+                    return run["full"]
+    raise LookupError(f"no committed {gpu} run of {name!r} in benchmarks/results/{folder}")
+
+
+def headline_rung_rows(name):
+    """One of the headline's rungs, priced from the committed H100 run of the eager channels_last rung's process
+    (gpu_suite-ladder-2026-11-25.log: start, autotuning and its 6 x 2 trials), with what the rung adds to it."""
+    options = HEADLINE_RUNGS[name]
+    committed = 6 * 2  # the committed rung's batches per kind of trial
+    batches = HEADLINE["nbatches"] * HEADLINE["ntrials"] - committed
+    rows = [(f"{name}: {' '.join(options)}; a process like the committed + channels_last rung's on an H100 "
+             "(start, autotuning, 6 x 2 trials)", rung_processes("H100")[EAGER_CHANNELS_LAST])]
+    if "--jit_mode=compile" in options:
+        rows.append(("torch.compile's set-up (the committed compiled rung's process less the eager one's)",
+                     compile_seconds()))
+    if "--exact_forms=auto" in options:
+        rows.append(("--exact_forms=auto: its shape probe and the forms' own autotuning (estimated)", SETUP_S["auto"]))
+    rows.append((f"{batches} more batches of SYNTHETIC and FULL trials ({HEADLINE['nbatches']} x {HEADLINE['ntrials']}), "
+                 "at the committed rung's FULL rate", 2 * batches * 64 / measured_full(EAGER_CHANNELS_LAST)))
+    return rows
+
+
+def headline_steps():
+    """The headline stage's steps, most valuable first: [(step, rows)]."""
+    from benchmarks.original import ORIGINAL_RUNS  # imports torch's CUDA checks only when called
+
+    epochs = 2  # at the FULL rate of this project's rung with the same loader (the committed H100 run)
+    original = [(f"the original: {entry['name']}, {epochs} epochs", 2 * SETUP_S["process"] + SETUP_S["rung"]
+                 + autotune_seconds()["contiguous"] + epochs * ORIGINAL_SAMPLES / measured_full(rung, "loaders"))
+                for entry, rung in ((ORIGINAL_RUNS[0], "baseline: lowmem, 2 workers"),
+                                    (ORIGINAL_RUNS[1], "lowmem, 8 workers"))]
+    return [("layers", [("set-up: the versions, the data set started in the background (on the CPU)", 5)]
+             + layers_rows(repeats=10, in_step_steps=3)),
+            ("compile-auto", headline_rung_rows("compile-auto")), ("compile-off", headline_rung_rows("compile-off")),
+            ("original", original), ("ncu", [("python -m benchmarks.ncu_layers: the first and last layers, plain and "
+                                              "in their forms, under ncu (estimated; not run on an H200)", NCU_S)]),
+            ("anchor", headline_rung_rows("anchor") + [("the last pack and summary.txt", 5)])]
 
 
 def scaling_rows(gpus=1, nbatches=20, ntrials=3, nwarmup=1, batch=64):
@@ -266,24 +421,24 @@ MULTI_GPU_RUNS = [("ddp", "DDP: train.py, 2 ranks over NCCL"), ("fsdp", "FSDP: t
 def steps():
     """Each stage's steps, as gpu_suite.sh runs them: {stage: [(step, rows)]}, rows (what, seconds)."""
     return {
+        "headline": headline_steps(),
         "preflight": [("preflight", [("versions, memory, /dev/shm, compiler, a bf16 Conv3d, where the 3-D "
-                                      "convolutions run, a profiler trace, DALI", 20),
-                                     ("nsys: a report of a short CUDA program (ended at 30 s)", 20)])],
-        "ladder": [("ladder", ladder_rows("ladder"))],
+                                      "convolutions run, a profiler trace, DALI; nsys where one can write a report "
+                                      "(none on the machines measured so far)", 20)])],
+        "ladder": [("ladder", ladder_rows("ladder", room=MAX_BUDGET - 20))],
         "ladder-alone": [("ladder-alone", ladder_rows("alone"))],
-        "batch-sweep": [("batch-sweep", ladder_rows("ladder", only=SWEEP_RUNG, sweep=True))],
-        "original": [("original", original_rows())],
-        "profiles": [("profiles", profiles_rows()), ("layers", layers_rows()),
+        "batch-sweep": [("batch-sweep", ladder_rows("ladder", only=SWEEP_RUNG, sweep=SWEEP_BATCHES))],
+        "original": [("original", original_rows(room=MAX_BUDGET - 20))],
+        "profiles": [("profiles", profiles_rows()), ("layers", layers_rows(forms=layers_forms())),
                      ("cudnn-autotune", [("python -m benchmarks.cudnn_autotune: cuDNN autotuning's first-step "
                                           "cost (where the tree has it)", CUDNN_AUTOTUNE_S)])],
         "tests-gpu": [("tests-gpu", GPU_TESTS)],
         "tests-compile": [("tests-compile", COMPILE_TESTS)],
         "tests-distributed": [("tests-distributed", DISTRIBUTED_TESTS)],
+        "graph-lesson": [("graph-lesson", graph_lesson_rows())],
         "nsys-probe": [("data", [("the 256^3 data set", SETUP_S["data"])]),
-                       ("nsys-machine", [(f"the machine's nsys: train.py's profiling window under nsys profile "
-                                          f"(at most {NSYS_LIMIT_S} s)", NSYS_LIMIT_S + 10)]),
-                       ("nsys-debian", [(f"Debian's 2022.4 CLI, unpacked from .carry/nsys/: the same (at most "
-                                         f"{NSYS_LIMIT_S} s)", NSYS_LIMIT_S + 10)])],
+                       ("nsys-debian", [(f"Debian's 2022.4 CLI, unpacked from .carry/nsys/: train.py's profiling "
+                                         f"window under nsys profile (at most {NSYS_LIMIT_S} s)", NSYS_LIMIT_S + 10)])],
         "scaling": [("scaling", scaling_rows(1))],
         # DALI's tests first: 30 s of correctness, where the loaders' rungs can run into the budget.
         "dali": [("tests-dali", DALI_TESTS), ("profile-dali", [("profile dali_bf16_fused (where DALI imports)", 45)]),
@@ -291,6 +446,27 @@ def steps():
         "multi-gpu": [("data", [("the 256^3 data set", SETUP_S["data"])])]
         + [(name, [(what, 2 * TEST_RUN)]) for name, what in MULTI_GPU_RUNS],
     }
+
+
+def layers_forms():
+    """The exact forms the profiles stage's benchmarks.layers run takes for its whole step: the config's default."""
+    with open(os.path.join(ROOT, "config", "UNet.yaml")) as config:
+        return yaml.safe_load(config)["base"].get("exact_forms", "off")
+
+
+def graph_lesson_rows():
+    """benchmarks.graph_lesson's launch-bound points: per local batch one process-internal build autotuned once
+    (a new batch shape: autotune_seconds()), both sides' warm-up and
+    trials at the batch-8 step's rate (the committed ladder's batch-8 rung, an upper bound here)."""
+    from benchmarks import graph_lesson
+
+    steps = 20 + 5 * 100  # graph_lesson's defaults: --warmup 20, --trials 5 x --steps 100
+    rows = [("a process's start", SETUP_S["process"])]
+    for batch in graph_lesson.SETTINGS["launch-bound"]["batches"]:
+        rows.append((f"local batch {batch}: eager and graph, {steps} steps each", SETUP_S["rung"]
+                     + autotune_seconds()["new batch"]
+                     + 2 * steps * 8 / ASSUMED_COMPUTE["batch 8"]))
+    return rows
 
 
 def step_seconds(rows):
@@ -324,19 +500,22 @@ def dali_commands(parts=DALI_PARTS):
 
 # The single-GPU plan: sessions, each on a bare machine, the most valuable first; in each, commands of stages.
 # ["dali"] is DALI's session: its parts, one a command, the last with the dali stage (dali_commands).
-SINGLE_GPU = [[["preflight"], ["ladder"], ["scaling"]], [["ladder-alone"], ["profiles"]],
-              [["tests-gpu", "tests-compile"]], [["tests-distributed"]], [["batch-sweep"], ["nsys-probe"]], [["original"]],
-              [["dali"]]]
+# The headline first: the numbers that decide, in one command; then the GPU-only tests (the preflight first, whose
+# answer later commands carry), the distributed code on CUDA tensors, DALI, the CUDA-graph lesson, the batch sweep,
+# Debian's Nsight Systems; last what the committed runs already measured on an H100 and an H200.
+SINGLE_GPU = [[["headline"]], [["preflight"], ["tests-gpu", "tests-compile"]], [["tests-distributed"]], [["dali"]],
+              [["graph-lesson"], ["batch-sweep"]], [["nsys-probe"], ["ladder-alone"]], [["ladder"]],
+              [["scaling"], ["profiles"]], [["original"]]]
 MULTI_GPU = [[["preflight"], ["multi-gpu"], ["scaling"]]]
 
 
 def stage_command(stages, priced, limit):
     """The command that runs these stages: a dict of what, command, carry, estimate, budget, transfer, stages
     and steps."""
-    carry = [WHEELS] if stages == ["preflight"] else [WHEELS, CARRIED_PREFLIGHT]
+    carry = [WHEELS] if stages[0] in ("preflight", "headline") else [WHEELS, CARRIED_PREFLIGHT]
     if "nsys-probe" in stages:
         carry.append(NSYS_CARRY)
-    if "original" in stages:
+    if "original" in stages or "headline" in stages:
         carry.append(ORIGINAL_CARRY)
     return {"what": "stage " + " and ".join(stages), "stages": stages, "command": suite(stages), "carry": carry,
             "estimate": sum(stage_estimate(priced[stage]) for stage in stages),
@@ -391,13 +570,18 @@ def stage_budgets(limit=540):
 
 # What each stage of gpu_suite.sh measures or checks, and where under RESULTS it writes, for its overview.
 STAGE_INFO = {
+    "headline": ("the numbers that decide, most valuable first: the layers plain against their exact forms and the "
+                 "step layer by layer, the best rung compiled with the forms auto and off, the original's train.py, "
+                 "Nsight Compute on the first and last layers, the committed best rung again",
+                 ["headline/summary.txt", "headline/layers/", "headline/<rung>.json", "headline/original/",
+                  "headline/ncu/"]),
     "preflight": ("what the later stages rely on: versions, memory, the compiler, bf16 convolutions, nsys, DALI",
                   ["preflight.json"]),
     "ladder": ("the optimisation ladder's GPU-resident rungs, each adding one thing: IO, SYNTHETIC and FULL "
                "samples/s, MFU", ["<device>-<date>.md", "<device>-<date>.json"]),
     "ladder-alone": ("the GPU-resident rungs measured alone on bf16 + fused Adam (fp16, TorchScript, compile, the "
                      "exact forms, the CUDA graph, batch 8)", ["ladder-alone/"]),
-    "batch-sweep": ("the ladder's top rung at local batch 64, 128 and 256: samples/s and peak memory",
+    "batch-sweep": ("the ladder's top rung at local batch 64, then 128 and 256: samples/s and peak memory",
                     ["batch-sweep/"]),
     "profiles": ("per-phase step times and traces of five rungs, the layers one by one, cuDNN autotuning's first step",
                  ["profiles/", "layers/"]),
@@ -411,10 +595,12 @@ STAGE_INFO = {
     "dali": ("DALI's GPU tests and profile, the ladder's DALI and host-loader rungs", ["loaders/", "profiles-dali/"]),
     "multi-gpu": ("DDP, FSDP, domain [2,1,1] and the CUDA-graph step under DDP over NCCL (2 GPUs or more)",
                   ["multi-gpu/"]),
+    "graph-lesson": ("eager against the CUDA graph where the host's launches set the pace (demo width, crop 32, "
+                     "local batch 1 to 8)", ["graph-lesson/"]),
     "original": ("the original tutorial's train.py (baseline, its optimisations) beside this project's rungs, on the "
                  "same data: samples/s and ratios", ["original/"]),
-    "nsys-probe": ("which Nsight Systems writes a report of train.py's profiling window: the machine's own, "
-                   "Debian's 2022.4 CLI", ["nsys-probe/"]),
+    "nsys-probe": ("whether Debian's Nsight Systems 2022.4 CLI writes a report of train.py's profiling window",
+                   ["nsys-probe/"]),
 }
 COMMITTED_LOGS = os.path.join(ROOT, "benchmarks", "results", "gpu_suite")
 
@@ -497,11 +683,16 @@ def main(argv=None):
               "contrib non-free, with an apt configuration of its own); without it that route says so and the "
               "stage goes on. A .qdstrm capture a route brings back becomes a report here: python -m "
               "benchmarks.nsight install, then python -m benchmarks.nsight import <capture>.qdstrm.")
-    if any("original" in command["stages"] for command in commands):
-        print(f"Before the original session, a copy of the original tutorial's checkout in {ORIGINAL_CARRY}/ (not "
+    if any(ORIGINAL_CARRY in command["carry"] for command in commands):
+        print(f"Before the first session, a copy of the original tutorial's checkout in {ORIGINAL_CARRY}/ (not "
               f"tracked; about 200 KB): cp -r ../shared/sc22/original {ORIGINAL_CARRY}, or a clone of "
-              "NERSC/sc22-dl-tutorial; without it the stage says so and ends.")
-    print(f"After command 1, within the 30 s: mkdir -p {CARRIED_PREFLIGHT} && tar xzf <its files>/gpu_suite_"
+              "NERSC/sc22-dl-tutorial; without it the headline's and the original stage's runs of it say so and "
+              "are not run.")
+    if any(command["stages"] == ["headline"] for command in commands):
+        print("The headline command: call give_back as soon as it returns (what comes back is $OUT's archive, "
+              "gpu_suite_headline.tgz; headline/summary.txt in it says what ran).")
+    preflight = next(number for number, command in enumerate(commands, start=1) if "preflight" in command["stages"])
+    print(f"After command {preflight} (the preflight), within the 30 s: mkdir -p {CARRIED_PREFLIGHT} && tar xzf <its files>/gpu_suite_"
           f"preflight.tgz -O {SUITE_RESULTS}/preflight.json > {CARRIED_PREFLIGHT}/preflight.json (the "
           "preflight's nsys answer, carried by the commands after it, in later sessions too; without it the "
           "profiles stage probes nsys again, at most 45 s).")

@@ -223,12 +223,14 @@ def test_the_gpu_suite_reruns_its_stages_over_their_own_results():
     --overwrite."""
     with open(os.path.join(ROOT, "benchmarks", "gpu_suite.sh")) as f:
         script = f.read().replace("\\\n", " ")
-    commands = re.findall(r"^ +step \S+ \d+ .* -m benchmarks\.(\w+)(.*)$", script, flags=re.M)  # the stages' tools
+    commands = re.findall(r"^ +(?:STEP_CAP=\d+ )?step \S+ \d+ .* -m benchmarks\.(\w+)(.*)$", script,
+                          flags=re.M)  # the stages' tools
     # The preflight's facts (preflight.json) are this machine's now: rewritten by every preflight; the
     # cuDNN autotuning measurement prints its table into the stage's log and writes no file.
     commands = [(tool, options) for tool, options in commands if tool not in ("preflight", "cudnn_autotune")]
-    assert sorted(tool for tool, _ in commands) == ["ladder", "ladder", "ladder", "ladder", "layers", "original",
-                                                    "profiles", "profiles", "scaling"]
+    assert sorted(tool for tool, _ in commands) == ["graph_lesson", "ladder", "ladder", "ladder", "ladder", "layers",
+                                                    "layers", "ncu_layers", "original", "original", "profiles",
+                                                    "profiles", "scaling"]
     for _, options in commands:
         assert {"--out_dir", "--overwrite"} <= set(options.split()), options
 

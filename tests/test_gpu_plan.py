@@ -53,24 +53,31 @@ sys.meta_path.insert(0, _Lacking())
 '''
 
 
-def plan_output():
-    result = subprocess.run([os.path.join(ROOT, "benchmarks", "gpu_suite.sh"), "--plan"], cwd=ROOT,
+def plan_output(*args):
+    result = subprocess.run([os.path.join(ROOT, "benchmarks", "gpu_suite.sh"), "--plan", *args], cwd=ROOT,
                             env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=timeout_for(120))
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 
 
-def plan_commands():
+@pytest.fixture(scope="module")
+def plan():
+    """The single-GPU plan's output, made once for the module."""
+    return plan_output()
+
+
+def plan_commands(output):
     """(what, command, carry) of each command the plan prints."""
     return [(what, command, carry.split(", "))
             for what, carry, command in re.findall(r"^ *\d+\. (.+?): budget \d+ s, about \d+ s; carry (.+?); "
-                                                    r"timeout_s \d+ \(fits\)\n    \$ (.+)$", plan_output(), flags=re.M)]
+                                                    r"timeout_s \d+ \(fits\)\n    \$ (.+)$", output, flags=re.M)]
 
 
-def carry_preflight_answer(carried, files):
-    """The plan's step after command 1, as printed: its preflight.json copied out of the command's archive
-    into the checkout's .carry/preflight, which the commands after it carry."""
-    [copy] = re.findall(r"^After command 1, within the 30 s: (.+?) \(the preflight's", plan_output(), flags=re.M)
+def carry_preflight_answer(output, carried, files):
+    """The plan's step after the preflight's command, as printed: its preflight.json copied out of the command's
+    archive into the checkout's .carry/preflight, which the commands after it carry."""
+    [copy] = re.findall(r"^After command \d+ \(the preflight\), within the 30 s: (.+?) \(the preflight's", output,
+                        flags=re.M)
     copy = copy.replace("<its files>", os.path.dirname(files["gpu_suite_preflight.tgz"]))
     subprocess.run(["bash", "-c", copy], cwd=carried, check=True, timeout=timeout_for(60))
 
@@ -142,11 +149,28 @@ def archive_text(path):
                 for name in archive.getnames()}
 
 
-def test_every_command_of_the_plan_runs_on_a_bare_machine(machine):
+def check_headline(texts, log):
+    """The headline's CPU check: every step ran at the CPU preset's tiny sizes (the original's --help: its
+    train.py needs CUDA; ncu's command printed and the layers run without it), each step's outcome in
+    summary.txt, and the results of each in the archive."""
+    summary = texts["summary.txt"]
+    for name in ("layers", "compile-auto", "compile-off", "original", "ncu", "anchor"):
+        assert f"step {name}: status 0 in " in summary, summary
+    for rung in ("compile-auto", "compile-off", "anchor"):
+        result = json.loads(texts[f"{rung}.json"])
+        assert result["full"] > 0 and result["synthetic"] > 0 and result["io"] > 0, rung
+    assert "Exact forms: " in log and "--exact_forms=auto" in log  # the measured rung's own log, in the stage's
+    [layers] = [json.loads(text) for name, text in texts.items() if name.startswith("cpu-") and name.endswith(".json")]
+    assert layers["exact_forms"] == "[]" and set(layers["in_step"]) == {"off", "auto", "on"}  # auto on a CPU: plain
+    assert "ncu_layers: would run: ncu --clock-control none --profile-from-start off --nvtx" in log
+    assert "ncu_layers: last sub-pixel: " in log and "--original ORIGINAL" in log
+
+
+def test_every_command_of_the_plan_runs_on_a_bare_machine(machine, plan):
     carried, run = machine
-    commands = plan_commands()
-    assert [what for what, _, _ in commands][:5] == ["stage preflight", "stage ladder", "stage scaling",
-                                                     "stage ladder-alone", "stage profiles"]
+    commands = plan_commands(plan)
+    assert [what for what, _, _ in commands][:4] == ["stage headline", "stage preflight",
+                                                     "stage tests-gpu and tests-compile", "stage tests-distributed"]
     dali_home = None
     gathered = 0
     for number, (what, command, carry) in enumerate(commands, start=1):
@@ -169,12 +193,14 @@ def test_every_command_of_the_plan_runs_on_a_bare_machine(machine):
                 assert facts["passed"] and facts["missing_requirements"] == []  # ruamel.yaml came from the carry
                 with tarfile.open(files["gpu_suite_preflight.tgz"]) as archive:  # outside the tracked folders
                     assert all(name.startswith(suite_plan.SUITE_RESULTS + "/") for name in archive.getnames())
-                carry_preflight_answer(carried, files)
+                carry_preflight_answer(plan, carried, files)
                 assert json.loads((carried / ".carry" / "preflight" / "preflight.json").read_text()) == facts
             if stage in ("ladder", "dali"):
                 [report] = [json.loads(text) for name, text in texts.items()
                             if name.endswith(".json") and name.startswith("cpu-")]
                 assert report["runs"] and all("error" not in entry and entry["full"] > 0 for entry in report["runs"])
+            if stage == "headline":
+                check_headline(texts, log)
             if stage == "profiles":
                 assert "profiles.json" in texts and "profiles without nsys" in log  # the carried answer: none here
             if stage.startswith("tests") or stage == "dali":
@@ -184,28 +210,28 @@ def test_every_command_of_the_plan_runs_on_a_bare_machine(machine):
     assert gathered == suite_plan.DALI_PARTS
 
 
-def test_without_the_install_a_later_command_fails_at_its_imports(machine):
+def test_without_the_install_a_later_command_fails_at_its_imports(machine, plan):
     """The harness is honest: a command that relies on what an earlier command installed (the old plan
     installed ruamel.yaml in its first command only) fails on a bare machine."""
     _, run = machine
-    [(_, command, carry)] = [entry for entry in plan_commands() if entry[0] == "stage ladder"]
+    [(_, command, carry)] = [entry for entry in plan_commands(plan) if entry[0] == "stage ladder"]
     assert command.startswith(suite_plan.INSTALL + " && ")
     status, output, files = run(command[len(suite_plan.INSTALL + " && "):], carry)
     # utils/env_check.py names what is missing before anything imports it
     assert status != 0 and "error: ruamel.yaml is not installed in this Python" in output
 
 
-def test_the_last_dali_command_on_a_new_machine_says_what_is_missing_and_goes_on(machine):
+def test_the_last_dali_command_on_a_new_machine_says_what_is_missing_and_goes_on(machine, plan):
     _, run = machine
-    [(_, command, carry)] = [entry for entry in plan_commands() if entry[0].endswith("the dali stage")]
+    [(_, command, carry)] = [entry for entry in plan_commands(plan) if entry[0].endswith("the dali stage")]
     status, output, _ = run(command.replace("benchmarks/gpu_suite.sh dali", "echo dali stage runs"), carry)
     assert status == 0 and "DALI not installed: a part is missing" in output and "dali stage runs" in output
 
 
-def test_the_last_dali_command_refuses_a_broken_part(machine):
+def test_the_last_dali_command_refuses_a_broken_part(machine, plan):
     """A part changed on the way fails the sha256 check: nothing is extracted, the dali stage still runs."""
     carried, run = machine
-    [(_, command, carry)] = [entry for entry in plan_commands() if entry[0].endswith("the dali stage")]
+    [(_, command, carry)] = [entry for entry in plan_commands(plan) if entry[0].endswith("the dali stage")]
     home = carried.parent / "broken-home"
     (home / "carry").mkdir(parents=True)
     for k in range(1, suite_plan.DALI_PARTS):
@@ -251,21 +277,22 @@ def test_the_packer_keeps_one_python_and_its_parts_rejoin_into_the_checked_tar(t
     assert sorted(path.name for path in (tmp_path / ".carry").iterdir()) == ["1", "2"]
 
 
-def test_every_command_of_the_multi_gpu_plan_runs_on_a_bare_machine(machine):
-    """The multi-GPU plan's commands, likewise: on this machine its two-rank runs are skipped (no two GPUs)
-    and the scaling stage runs its CPU preset at one rank."""
+def test_the_multi_gpu_plans_own_stage_runs_on_a_bare_machine(machine, plan):
+    """The multi-GPU plan's commands are the preflight, which the single-GPU plan's test runs, the scaling stage,
+    likewise, and its own stage: multi-gpu runs here on a bare machine, where its two-rank runs are skipped
+    (no two GPUs)."""
     _, run = machine
-    result = subprocess.run([os.path.join(ROOT, "benchmarks", "gpu_suite.sh"), "--plan", "--gpus", "4"], cwd=ROOT,
-                            env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=timeout_for(120))
     commands = re.findall(r"^ *\d+\. (.+?): budget \d+ s, about \d+ s; carry (.+?); timeout_s \d+ \(fits\)\n    \$ (.+)$",
-                          result.stdout, flags=re.M)
+                          plan_output("--gpus", "4"), flags=re.M)
     assert [what for what, _, _ in commands] == ["stage preflight", "stage multi-gpu", "stage scaling"]
+    single = plan_commands(plan)
     for what, carry, command in commands:
-        status, output, files = run(command, carry.split(", "))
-        assert status == 0, f"{what} failed:\n{output[-4000:]}"
-        stage = what.split()[-1]
-        [log] = [text for name, text in archive_text(files[f"gpu_suite_{stage}.tgz"]).items()
-                 if name.startswith(f"gpu_suite-{stage}-")]
-        assert f"stage {stage} ended with status 0" in log
-        if stage == "multi-gpu":
-            assert "not run: they need 2 CUDA GPUs over NCCL, and this machine has 0" in log
+        if what != "stage multi-gpu":  # the single-GPU plan's command, which its test runs
+            assert (what, command, carry.split(", ")) in single, what
+    [(what, carry, command)] = [entry for entry in commands if entry[0] == "stage multi-gpu"]
+    status, output, files = run(command, carry.split(", "))
+    assert status == 0, f"{what} failed:\n{output[-4000:]}"
+    [log] = [text for name, text in archive_text(files["gpu_suite_multi-gpu.tgz"]).items()
+             if name.startswith("gpu_suite-multi-gpu-")]
+    assert "stage multi-gpu ended with status 0" in log
+    assert "not run: they need 2 CUDA GPUs over NCCL, and this machine has 0" in log

@@ -4,20 +4,24 @@ GPU needed) prints sessions that each fit the machine's time, the preflight firs
 each inside the budget the script enforces; the script runs what the plan prices; a stage packs what it
 finished after every step, at its deadline and on SIGTERM (run here for real with the preflight, the stage a CPU
 can run)."""
+import contextlib
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import tarfile
 import time
 
+import pytest
+
 from benchmarks import ladder, suite_plan
 from conftest import ROOT, timeout_for
 
 SUITE = os.path.join(ROOT, "benchmarks", "gpu_suite.sh")
-STAGES = ["preflight", "ladder", "profiles", "tests-gpu", "tests-compile", "tests-distributed", "scaling", "dali",
-          "multi-gpu", "nsys-probe"]
+STAGES = ["headline", "preflight", "ladder", "profiles", "tests-gpu", "tests-compile", "tests-distributed", "scaling",
+          "dali", "graph-lesson", "multi-gpu", "nsys-probe"]
 
 
 def script():
@@ -36,30 +40,37 @@ def plan_output(*args):
     return result.returncode, result.stdout + result.stderr
 
 
+@pytest.fixture(scope="module")
+def plan():
+    """``gpu_suite.sh --plan``'s status and output, run once for the module."""
+    return plan_output()
+
+
 def heads(output):
     return re.findall(r"^ *(\d+)\. (.+?): budget (\d+) s, about (\d+) s; carry (.+?); timeout_s (\d+) \((fits|DOES NOT "
                       r"FIT)\)$\n    \$ (.+)$", output, flags=re.M)
 
 
-def test_the_plan_fits_its_sessions_most_valuable_first_each_command_installing_what_it_carries():
-    status, output = plan_output()
+def test_the_plan_fits_its_sessions_most_valuable_first_each_command_installing_what_it_carries(plan):
+    status, output = plan
     assert status == 0, output
     commands = heads(output)
     assert [int(number) for number, *_ in commands] == list(range(1, len(commands) + 1))
     assert all(fits == "fits" and int(estimate) <= int(budget) <= 530 and int(timeout) <= 600
                and len(command) <= 2000 for _, _, budget, estimate, _, timeout, fits, command in commands)
     stages = [re.search(r"gpu_suite\.sh (.+)$", command).group(1) for *_, command in commands if "gpu_suite.sh" in command]
-    assert stages == ["preflight", "ladder", "scaling", "ladder-alone", "profiles", "tests-gpu tests-compile",
-                      "tests-distributed", "batch-sweep", "nsys-probe", "original", "dali"]  # by value
-    # Sessions, each on a bare machine, by value: the cumulative ladder and the scaling point, the rungs alone and
-    # the profiles, the tests, the distributed code on CUDA tensors, the batch sweep and the Nsight Systems routes,
-    # the original's code beside this one, DALI.
+    assert stages == ["headline", "preflight", "tests-gpu tests-compile", "tests-distributed", "dali", "graph-lesson",
+                      "batch-sweep", "nsys-probe", "ladder-alone", "ladder", "scaling", "profiles", "original"]  # by value
+    # Sessions, each on a bare machine, by value: the headline alone; the GPU-only tests; the distributed code on
+    # CUDA tensors and the out-of-memory tests; DALI; the CUDA-graph lesson and the batch sweep; Debian's Nsight
+    # Systems; last what the committed runs measured already.
     sessions = suite_plan.plan()
     assert [[stage for command in session for stage in command["stages"]] for session in sessions] == [
-        ["preflight", "ladder", "scaling"], ["ladder-alone", "profiles"], ["tests-gpu", "tests-compile"],
-        ["tests-distributed"], ["batch-sweep", "nsys-probe"], ["original"], ["dali"]]
-    printed = re.split(r"^Session \d+ of 7: .*$", output, flags=re.M)
-    assert len(printed) == 8 and [len(heads(text)) for text in printed[1:]] == [len(session) for session in sessions]
+        ["headline"], ["preflight", "tests-gpu", "tests-compile"], ["tests-distributed"], ["dali"],
+        ["graph-lesson", "batch-sweep"], ["nsys-probe", "ladder-alone"], ["ladder"], ["scaling", "profiles"],
+        ["original"]]
+    printed = re.split(r"^Session \d+ of 9: .*$", output, flags=re.M)
+    assert len(printed) == 10 and [len(heads(text)) for text in printed[1:]] == [len(session) for session in sessions]
     # Every command that runs a stage installs the small wheels it carries first, into a folder under HOME.
     for _, what, _, _, carry, _, _, command in commands:
         if "gpu_suite.sh" in command:
@@ -68,7 +79,7 @@ def test_the_plan_fits_its_sessions_most_valuable_first_each_command_installing_
     # and runs the dali stage.
     dali = [(what, carry, command) for _, what, _, _, carry, _, _, command in commands if what.startswith("DALI")]
     assert [carry.split(", ")[-1] for _, carry, _ in dali] == [f".carry/{k}" for k in range(1, suite_plan.DALI_PARTS + 1)]
-    assert [command["what"] for command in sessions[-1]] == [what for what, _, _ in dali]
+    assert [command["what"] for command in sessions[3]] == [what for what, _, _ in dali]
     assert "sha256sum -c --quiet site.sha256 && " in dali[-1][2] and "tar xJf site.tar.xz" in dali[-1][2]
     assert dali[-1][2].endswith("benchmarks/gpu_suite.sh dali")
     # Each session: its start, its commands' budgets and transfers, and the idle after the last, within the
@@ -77,14 +88,14 @@ def test_the_plan_fits_its_sessions_most_valuable_first_each_command_installing_
                         r"estimated\); with the machine's start \(120 s\) and the idle 30 s after its last command: "
                         r"about [\d.]+ min, at most ([\d.]+) min if every command used its whole budget, of the 15 min "
                         r"of device time a session has \(fits, with (\d+) s to spare\)\.$", output, flags=re.M)
-    assert [int(number) for number, *_ in totals] == [1, 2, 3, 4, 5, 6, 7]
+    assert [int(number) for number, *_ in totals] == list(range(1, 10))
     for session, (_, transfers, most, spare) in zip(sessions, totals):
         estimated, budgeted = suite_plan.session_seconds(session)
         assert budgeted == suite_plan.START_S + suite_plan.IDLE_S + sum(c["budget"] + c["transfer"] for c in session)
         assert estimated < budgeted and float(most) == round(budgeted / 60, 1) and int(transfers) == sum(
             c["transfer"] for c in session)
         assert int(spare) == suite_plan.SESSION_S - budgeted >= suite_plan.MARGIN_S
-    assert "all sessions: 7, " in output and "(each fits its 15 min)" in output
+    assert "all sessions: 9, " in output and "(each fits its 15 min)" in output
     assert "for a remote GPU machine with a time limit" in output and "lease" not in output
     assert "One GPU runs DDP, FSDP and accumulation with two ranks over gloo" in output and "--plan --gpus 4" in output
     # Room kept for what the ladder and the tests will have: the prefetch rung, the prefetch tests, cuDNN's autotuning.
@@ -92,12 +103,12 @@ def test_the_plan_fits_its_sessions_most_valuable_first_each_command_installing_
 
 
 def test_a_session_that_cannot_fit_is_reported(monkeypatch, capsys):
-    monkeypatch.setattr(suite_plan, "SESSION_S", 720)  # session 1 needs 765 s if every command used its budget
+    monkeypatch.setattr(suite_plan, "SESSION_S", 720)  # session 1 needs 685 s if every command used its budget
     assert suite_plan.main([]) == 1
     output = capsys.readouterr().out
     assert re.search(r"^session 1: .*\(DOES NOT FIT\)\.$", output, flags=re.M)
-    assert re.search(r"^session 4: .*\(fits, with \d+ s to spare\)\.$", output, flags=re.M)  # 555 s
-    assert "all sessions: 7, " in output and output.rstrip().endswith("(DOES NOT FIT).")
+    assert re.search(r"^session 3: .*\(fits, with \d+ s to spare\)\.$", output, flags=re.M)  # 625 s
+    assert "all sessions: 9, " in output and output.rstrip().endswith("(DOES NOT FIT).")
 
 
 def test_the_multi_gpu_plan_is_ready_to_paste():
@@ -119,8 +130,8 @@ def test_the_script_enforces_the_plans_budgets_and_runs_what_it_prices():
     # Each step of a stage asks for the time the plan prices it at.
     commands = script_commands()
     for stage, stage_steps in suite_plan.steps().items():
-        asked = [(name, int(seconds)) for name, seconds in re.findall(r"(?:step|multi_gpu_run) \"?([\w-]+)\"? (\d+) ",
-                                                                      commands[stage])]
+        asked = [(name, int(seconds)) for name, seconds in re.findall(
+            r"(?:step|multi_gpu_run|headline_rung) \"?([\w-]+)\"? (\d+) ", commands[stage])]
         assert asked == [(name, suite_plan.step_seconds(rows)) for name, rows in stage_steps], stage
     ladder_flags = " ".join(f"--{key} {value}" for key, value in suite_plan.LADDER.items())
     assert f"LADDER_SIZES=({ladder_flags})" in script()
@@ -128,23 +139,57 @@ def test_the_script_enforces_the_plans_budgets_and_runs_what_it_prices():
     assert '--batch_sweep "${LADDER_SIZES[@]}"' in commands["ladder"]  # none: the batch-sweep stage's
     assert f'--only "{suite_plan.SWEEP_RUNG}"' in commands["batch-sweep"] and any(
         suite_plan.SWEEP_RUNG in rung.name for rung in ladder.LADDER_RUNGS[-1:])
+    # The sweep leaves out the top rung's own batch: measured once, by the rung itself.
+    sweep = " ".join(map(str, suite_plan.SWEEP_BATCHES))
+    assert f"--batch_sweep {sweep} " in commands["batch-sweep"] and 64 not in suite_plan.SWEEP_BATCHES
     assert "-m benchmarks.original --original=" in commands["original"] and "help=(--help)" in commands["original"]
     assert '--out_dir "$RESULTS/original"' in commands["original"]
     assert "--group alone" in commands["ladder-alone"] and '--out_dir "$RESULTS/ladder-alone"' in commands["ladder-alone"]
     assert "--group loaders" in commands["dali"] and '-m gpu -k dali' in commands["dali"]
     assert "-m benchmarks.profiles" in commands["profiles"] and "-m benchmarks.layers" in commands["profiles"]
-    assert '-m gpu -k "not compile and not dali and not cuda_distributed"' in commands["tests-gpu"]
+    assert '-m gpu -k "$GPU_TESTS"' in commands["tests-gpu"] and '-k "$DISTRIBUTED_TESTS"' in commands["tests-distributed"]
+    assert 'GPU_TESTS="not compile and not dali and not cuda_distributed and not out_of_memory"' in script()
+    assert 'DISTRIBUTED_TESTS="cuda_distributed or out_of_memory"' in script()  # the out-of-memory tests moved
     assert "-m gpu -k compile" in commands["tests-compile"]
-    assert "-m gpu -k cuda_distributed" in commands["tests-distributed"]
+    assert "--no_production --extra=--exact_forms=off" in commands["graph-lesson"]
 
 
-def test_the_nsys_probe_tries_each_route_with_the_issues_options():
-    """The machine's own nsys and Debian's carried CLI, each given NSYS_LIMIT (the plan's price) on train.py's
-    cudaProfilerApi window with sampling and CPU context switches off; the plan carries the .deb and says how
-    to fetch it."""
+def shell_array(name):
+    """A bash array of gpu_suite.sh as its GPU branch sets it (the first assignment), its words."""
+    return shlex.split(re.search(rf"\b{name}=\((.*?)\)", script().split("\nelse\n", 1)[1]).group(1))
+
+
+def test_the_headline_measures_the_rungs_the_plan_prices_each_naming_the_exact_forms():
+    """The headline's rungs are the ladder's (the best rung, compiled or not) with --exact_forms named, at the trial
+    sizes the plan prices; its layers and ncu steps name the switch too; the steps come in the order of value."""
+    commands = script_commands()["headline"]
+    assert shell_array("HEADLINE_SIZES") == [word for key, value in suite_plan.HEADLINE.items()
+                                             for word in (f"--{key}", str(value))]
+    best = [word.replace('"${PRECISION[@]}"', "--amp_mode=bf16") for word in
+            re.search(r"^BEST=\((.*?)\)$", script(), flags=re.M).group(1).split()]
+    assert best == ladder.CHANNELS_LAST
+    rungs = re.findall(r'headline_rung ([\w-]+) \d+ \d+ "\$\{BEST\[@\]\}" (.+?) \|\|', commands)
+    assert {name: [*best, *options.split()] for name, options in rungs} == suite_plan.HEADLINE_RUNGS
+    assert suite_plan.HEADLINE_RUNGS["compile-auto"][:-1] == ladder.COMPILED  # the ladder's + torch.compile
+    # Compiled, Inductor's layout optimisation held on with the forms and without (as the ladder's compiled rungs).
+    helper = re.search(r"^headline_rung\(\) \{\n(.*?)^\}", script(), flags=re.M | re.S).group(1)
+    assert '*" --jit_mode=compile "*' in helper
+    assert "environment=(env " + " ".join(f"{k}={v}" for k, v in ladder.COMPILED_ENVIRONMENT.items()) + ")" in helper
+    for tool in ("-m benchmarks.layers", "-m benchmarks.ncu_layers"):
+        [line] = [line for line in commands.split(" || ") if tool in line]
+        assert re.search(r"--exact_forms=(auto|off)\b", line), tool
+    order = re.findall(r"(?:step|headline_rung) ([\w-]+) \d+ ", commands)
+    assert order == ["layers", "compile-auto", "compile-off", "original", "ncu", "anchor"]
+    assert "--epochs 2 --rungs none" in commands and "make_data('$DATA_DIR', $BOX)" in commands
+
+
+def test_the_nsys_probe_tries_debians_cli_with_the_issues_options(plan):
+    """Debian's carried CLI (the machine's own nsys writes captures no importer here can read), given NSYS_LIMIT
+    (the plan's price) on train.py's cudaProfilerApi window with sampling and CPU context switches off; the plan
+    carries the .deb and says how to fetch it."""
     commands = script_commands()["nsys-probe"]
     assert re.findall(r"step (nsys-\w+) \d+ bash -c 'nsys_route \"\$@\"' _ (\w+) ", commands) == [
-        ("nsys-machine", "machine"), ("nsys-debian", "debian")]
+        ("nsys-debian", "debian")]
     assert f"NSYS_LIMIT={suite_plan.NSYS_LIMIT_S} " in script() and suite_plan.NSYS_LIMIT_S >= 120
     route = re.search(r"^nsys_route\(\) \{\n(.*?)^\}", script(), flags=re.M | re.S).group(1)
     for option in ("--sample=none", "--cpuctxsw=none", "-c cudaProfilerApi", "--enable_manual_profiling",
@@ -152,17 +197,17 @@ def test_the_nsys_probe_tries_each_route_with_the_issues_options():
         assert option in route, option
     [command] = [c for session in suite_plan.plan() for c in session if c["stages"] == ["nsys-probe"]]
     assert suite_plan.NSYS_CARRY in command["carry"] and "nsight-systems-target_*.deb" in commands
-    status, output = plan_output()
+    status, output = plan
     assert f"python -m benchmarks.nsight fetch --dir {suite_plan.NSYS_CARRY} nsight-systems-target" in output
     assert "python -m benchmarks.nsight import <capture>.qdstrm" in output
 
 
-def test_the_plan_copies_the_preflights_answer_from_where_the_suite_writes_it():
+def test_the_plan_copies_the_preflights_answer_from_where_the_suite_writes_it(plan):
     """By default the suite writes under runs/benchmarks/ as every benchmark tool does, and its archives hold
     that path: the plan's copy of the preflight's answer reads it there (tests/test_gpu_plan.py runs it)."""
     assert f"RESULTS=${{RESULTS:-{suite_plan.SUITE_RESULTS}}}" in script()
     assert "PREFLIGHT=$RESULTS/preflight.json" in script() and "--out_dir \"$RESULTS\"" in script_commands()["preflight"]
-    status, output = plan_output()
+    status, output = plan
     assert f"gpu_suite_preflight.tgz -O {suite_plan.SUITE_RESULTS}/preflight.json > .carry/preflight/" in output
 
 
@@ -216,7 +261,7 @@ def test_help_prints_the_usage():
     # No stage named: all of them, on this machine's GPU; without one, refused before anything runs.
     bare = subprocess.run([SUITE], capture_output=True, text=True, timeout=timeout_for(30),
                           env={**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""})
-    assert bare.returncode == 2 and "sees no CUDA GPU, and stage ladder measures one" in bare.stderr
+    assert bare.returncode == 2 and "sees no CUDA GPU, and stage headline measures one" in bare.stderr
     assert bare.stdout == ""
 
 
@@ -245,11 +290,11 @@ def test_the_preflight_stage_packs_what_it_wrote(tmp_path):
 
 
 def test_a_step_that_cannot_finish_inside_the_budget_is_not_started_and_the_stage_still_packs(tmp_path):
-    process = suite(tmp_path, "preflight", STAGE_LIMIT="40")  # 25 s left after packing's reserve: < 40 s
+    process = suite(tmp_path, "preflight", STAGE_LIMIT="30")  # 15 s left after packing's reserve: < 20 s
     output, _ = process.communicate(timeout=timeout_for(60))
     assert process.returncode == 1
-    # 25 s left, or 24 if the stage's start took over a second (a loaded machine)
-    assert re.search(r"step preflight not run: 2[45] s left of the stage's budget, and it needs about 40 s", output)
+    # 15 s left, or 14 if the stage's start took over a second (a loaded machine)
+    assert re.search(r"step preflight not run: 1[45] s left of the stage's budget, and it needs about 20 s", output)
     [(name, log)] = packed(tmp_path, "preflight").items()
     assert "not run" in log and "failed stages: preflight" in output
 
@@ -336,3 +381,73 @@ def test_the_multi_gpu_runs_use_options_train_py_has():
             assert key == "config" and value in configs or key in configs["base"], (name, option)
     assert dict((name, options) for name, _, options in runs)["domain"] == "--config=domain_demo"
     assert configs["domain_demo"]["domain_mesh"] == [2, 1, 1]
+
+
+def headline(tmp_path, **env):
+    """The headline stage's CPU check (the tools at tiny sizes on the CPU presets), its data set under tmp_path."""
+    return suite(tmp_path, "headline", CPU_CHECK="1", DATA_DIR=str(tmp_path / "data"), **env)
+
+
+def test_the_headline_starts_a_step_only_where_its_price_still_fits(tmp_path):
+    """A budget of 126 s: 111 s are left at the start, less the set-up's seconds, and the layers step asks for
+    110; after it, however fast it was, the compiled rung with the forms auto (110 s) no longer fits and is not
+    started. Every step's decision follows the seconds it printed, and summary.txt records each outcome."""
+    process = headline(tmp_path, STAGE_LIMIT="126")
+    output, _ = process.communicate(timeout=timeout_for(400))
+    assert process.returncode == 1, output  # a step not run is a stage that did not pass
+    steps = suite_plan.headline_steps()
+    needs = {name: suite_plan.step_seconds(rows) for name, rows in steps}
+    started = dict(re.findall(r"^gpu_suite\.sh: step ([\w-]+): about \d+ s, at most (\d+) s$", output, flags=re.M))
+    skipped = {name: (int(left), int(need)) for name, left, need in re.findall(
+        r"^gpu_suite\.sh: step ([\w-]+) not run: (-?\d+) s left of the stage's budget, and it needs about (\d+) s$",
+        output, flags=re.M)}
+    assert "layers" in started and "compile-auto" in skipped
+    assert sorted([*started, *skipped]) == sorted(needs)  # each step decided once
+    assert all(left < need == needs[name] for name, (left, need) in skipped.items())
+    assert all(int(limit) >= needs[name] for name, limit in started.items())
+    summary = packed(tmp_path, "headline")["summary.txt"]
+    assert summary.startswith("# benchmarks/gpu_suite.sh headline, ") and "\ntorch: " in summary
+    assert "step layers: status 0 in " in summary
+    for name, (left, need) in skipped.items():
+        assert f"step {name}: not run ({left} s left of the budget, it needs about {need} s)" in summary
+
+
+def test_a_headline_killed_mid_way_returns_the_steps_it_finished(tmp_path):
+    """SIGKILL to the whole stage (no chance to pack: a machine's limit) while the compiled rung runs, after the
+    layers step: $OUT's archive, packed as that step ended, holds the layers' results, summary.txt with their
+    outcome, and the stage's log."""
+    process = headline(tmp_path)
+    lines = []
+    deadline = time.monotonic() + timeout_for(300)
+    while time.monotonic() < deadline:
+        lines.append(process.stdout.readline())
+        if "step compile-auto: about" in lines[-1] or not lines[-1]:
+            break
+    for pid in [process.pid, *descendants(process.pid)]:  # the step's own process group too (timeout's)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    output, _ = process.communicate(timeout=timeout_for(60))
+    assert process.returncode == -signal.SIGKILL, "".join(lines) + output
+    files = packed(tmp_path, "headline")
+    layers = [name for name in files if name.startswith("cpu-") and name.endswith(".json")]
+    assert len(layers) == 1 and '"layers": [' in files[layers[0]]
+    assert "step layers: status 0 in " in files["summary.txt"] and "compile-auto" not in files["summary.txt"]
+    [log] = [text for name, text in files.items() if name.startswith("gpu_suite-headline-")]
+    assert "stage headline started" in log and "step layers: about" in log
+
+
+def descendants(pid):
+    """The process ids below ``pid``, read from /proc."""
+    children = {}
+    for stat in os.listdir("/proc"):
+        if stat.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{stat}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(stat))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found

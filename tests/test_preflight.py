@@ -1,6 +1,7 @@
 """benchmarks/preflight.py, the GPU suite's first command: on this CPU machine it runs its CPU half for
 real and names what it skipped; its compiler check finds a missing compiler or Python.h."""
 import json
+import os
 import subprocess
 import sys
 import time
@@ -127,3 +128,32 @@ def test_a_file_for_the_output_folder_is_refused_in_one_paragraph(tmp_path):
     message = " ".join(result.stderr.split())  # wrapped to the terminal's width
     assert "is a file, not a folder" in message and "Pass --out_dir=<a folder>" in message
     assert taken.read_text() == "a file of the user's\n" and result.stdout == ""  # nothing ran, nothing overwritten
+
+
+def fake_nsys(folder):
+    """An nsys laid out as Nsight Compute's target-only copy is (host/target-linux-x64/nsys), which leaves a mark
+    if it is ever run."""
+    target = folder / "host" / "target-linux-x64"
+    target.mkdir(parents=True)
+    nsys = target / "nsys"
+    nsys.write_text(f"#!/bin/sh\ntouch {folder}/ran\nexit 1\n")
+    nsys.chmod(0o755)
+    return nsys
+
+
+def test_a_target_only_nsys_is_not_probed(monkeypatch, tmp_path):
+    """An nsys with no QdstrmImporter beside it writes raw captures, never a report: the preflight says so at
+    once, without the probe's seconds, and the profiles stage then runs without Nsight Systems. With an importer
+    in a sibling host folder, it is a full installation, probed where a GPU is (here: none)."""
+    nsys = fake_nsys(tmp_path)
+    monkeypatch.setenv("PATH", f"{nsys.parent}:{os.environ['PATH']}")
+    facts = preflight.run_checks(nsys_timeout=5)
+    assert facts["nsys"] == {"path": str(nsys), "report": False, "why": preflight.NO_IMPORTER, "seconds": 0.0}
+    assert not (tmp_path / "ran").exists()
+    assert preflight.line(facts, "nsys").endswith(f"no report: {preflight.NO_IMPORTER} (0.0 s)")
+    assert "profiles without Nsight Systems" in preflight.decisions(facts)[0]
+    importer = tmp_path / "host" / "host-linux-x64" / "QdstrmImporter"
+    importer.parent.mkdir()
+    importer.write_text("")
+    facts = preflight.run_checks(nsys_timeout=5)
+    assert facts["nsys"] == {"path": str(nsys)} and facts["skipped"]["nsys report"] == "no CUDA GPU to profile"
