@@ -37,7 +37,8 @@ communication, and how much of that communication overlapped the backward pass (
     DDP's timers on rank 0 (averages over the iterations DDP sampled): forward 0.0912 s, backward
     0.1755 s, gradient communication 0.1315 s, of which 0.0938 s during the backward pass (0.0377 s after it)
 
-(two gloo ranks of the demo model, --bucket_cap_mb=1, docs/04-distributed.md)
+(two gloo ranks of the demo model on a 2-core CPU, --bucket_cap_mb=1, 2026-11-27: the run and its command are in
+docs/10-going-further-distributed.md)
 
 and to TensorBoard as ``Step spread/ddp_forward_s``, ``ddp_backward_s``, ``ddp_communication_s``,
 ``ddp_overlap_s`` and ``ddp_exposed_s``. DDP takes them itself (CUDA events on a GPU, the wall clock on a CPU) in iterations
