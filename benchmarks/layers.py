@@ -21,7 +21,9 @@ it, with the forms ``--exact_forms`` picks.
 
 Then the step is profiled layer by layer (benchmarks/in_step.py, ``--in_step_steps``) three times:
 the layers plain (``--exact_forms=off``), as ``auto`` picks them on this device (what a run computes),
-and all in their exact forms (``on``); each layer's row holds its form's own work beside its
+and all in their exact forms (``on``); and a fourth time with the list of layers ``--exact_forms=[...]``
+names, where it names one (to measure a choice of your own, e.g. ``[down.0.0,last]``). Each layer's row
+holds its form's own work beside its
 convolution. The step runs with the options' ``--jit_mode``: compiled, the layers are found by their
 convolutions' shapes.
 
@@ -57,8 +59,13 @@ PRESETS = {
     "cpu": {"options": ["--config=demo", "--device=cpu"], "repeats": 3},
 }
 # The tables of the step layer by layer: the layers plain, as --exact_forms=auto picks them (what a run
-# computes), and all in their exact forms.
+# computes), and all in their exact forms; then the list of layers the options name, if they name one.
 IN_STEP_FORMS = ("off", "auto", "on")
+
+
+def in_step_settings(exact_forms):
+    """The --exact_forms settings the step is profiled with: IN_STEP_FORMS, and the options' own list."""
+    return [*IN_STEP_FORMS, *([option_text(exact_forms)] if isinstance(exact_forms, list) else [])]
 
 
 def convolutions(model):
@@ -298,6 +305,7 @@ def main(argv=None):
 
     warnings = check_conv3d(device, params.amp_mode, params.tf32, params.channels_last)
     load = {"start": load_average(), "cpus": os.cpu_count()}
+    settings = in_step_settings(params.exact_forms) if args.in_step_steps > 0 else []  # before auto decides
     rows, step_seconds = measure(params, device, args.repeats or PRESETS[args.preset]["repeats"], args.rounds)
     batch = params.global_batch_size
     flops, model_flops = sum(row["gflop"] for row in rows) * 1e9, unet_flops_per_sample(params) * batch
@@ -312,7 +320,7 @@ def main(argv=None):
               "cpu_model": None if device.type == "cuda" else cpu_model(),
               "conv3d_warnings": warnings, "peak_tflops": peak / 1e12 if peak else None,
               "command": "python -m benchmarks.layers " + " ".join(sys.argv[1:] if argv is None else argv),
-              "load_average": load, "layers": rows, "in_step": {}, "in_step_pending": list(IN_STEP_FORMS) if args.in_step_steps > 0 else [],
+              "load_average": load, "layers": rows, "in_step": {}, "in_step_pending": settings,
               "total": {"gflop": flops / 1e9, "ms": 1e3 * seconds, "tflops": flops / seconds / 1e12,
                         "share_of_step": seconds / step_seconds, "model_gflop": model_flops / 1e9,
                         "step_ms": 1e3 * step_seconds, "step_tflops": model_flops / step_seconds / 1e12,

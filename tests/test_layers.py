@@ -159,3 +159,17 @@ def test_a_run_killed_by_sigterm_keeps_its_layer_table(tmp_path):
     assert len(report["layers"]) == 10 and report["in_step"] == {}
     assert report["in_step_pending"] == ["off", "auto", "on"]
     assert "| last | ConvTranspose3d |" in path.with_suffix(".md").read_text()
+
+
+def test_a_list_of_layers_the_options_name_is_profiled_as_a_fourth_table(tmp_path):
+    """``--exact_forms=[...]`` on the command line: the step is also profiled with that choice, so that a
+    learner measures a choice of their own (e.g. the first and last layers alone) beside off, auto and on."""
+    layers.main(["--preset", "cpu", "--out_dir", str(tmp_path), "--repeats", "1", "--in_step_steps", "1",
+                 "--exact_forms=[down.0.0,last]"])
+    [path] = tmp_path.glob("*-fp32.json")
+    report = json.loads(path.read_text())
+    assert list(report["in_step"]) == ["off", "auto", "on", "[down.0.0,last]"]
+    chosen = report["in_step"]["[down.0.0,last]"]["forms"]
+    assert {layer for layer, form in chosen.items() if form != "plain"} == {"down 1", "last"}
+    assert chosen["down 1"] == "space-to-depth" and chosen["last"] == "sub-pixel"
+    assert "--exact_forms=[down.0.0,last], --jit_mode=none: the layers" in path.with_suffix(".md").read_text()
