@@ -175,6 +175,12 @@ def steady_rate(epochs):
     return sum(later) / len(later) if later else None
 
 
+def rung_fragments(text):
+    """``--rungs``: the fragments between its ``|``; ``none`` (or nothing): no rung of this project, the
+    original's runs alone (the headline stage measures this project's rungs in steps of its own)."""
+    return [] if text.strip() in ("", "none") else text.split("|")
+
+
 def pick_rungs(fragments, rungs):
     """``[(fragment, rung or None)]``: the first of ``rungs`` whose name holds each fragment."""
     return [(fragment, next((rung for rung in rungs if fragment in rung.name), None)) for fragment in fragments]
@@ -278,7 +284,8 @@ def main(argv=None):
     parser.add_argument("--samples_per_epoch", type=int, default=1280, help="the original's Nsamples: 20 steps of 64")
     parser.add_argument("--val_samples", type=int, default=64, help="the original's Nsamples_val")
     parser.add_argument("--rungs", default="|".join(DEFAULT_RUNGS),
-                        help="this project's ladder rungs, by text their names hold, separated by |")
+                        help="this project's ladder rungs, by text their names hold, separated by |; none: "
+                             "the original's runs alone")
     parser.add_argument("--nbatches", type=int, default=10, help="batches per trial of this project's rungs")
     parser.add_argument("--ntrials", type=int, default=2)
     parser.add_argument("--nwarmup", type=int, default=1)
@@ -327,7 +334,7 @@ def main(argv=None):
 
     common = [*ladder.PRESETS["gpu"]["options"], f"--train_path={train_path}", f"--val_path={val_path}",
               "--device=cuda", "--checkpoint=false"]
-    for fragment, rung in pick_rungs(args.rungs.split("|"), ladder.rungs_for("gpu", dali=dali)):
+    for fragment, rung in pick_rungs(rung_fragments(args.rungs), ladder.rungs_for("gpu", dali=dali)):
         logging.info("=== this project: %s", rung.name if rung else fragment)
         result = measure_ours(fragment, rung, common, args, base + ".log")
         logging.info("%s", json.dumps(result))

@@ -157,6 +157,9 @@ def test_this_projects_rungs_are_found_in_the_ladder():
     assert missing is None
     assert original.measure_ours("no rung is named so", None, [], None, None) == \
         {"name": "no rung is named so", "error": "benchmarks/ladder.py has no rung of this name"}
+    # --rungs none (the headline stage's): the original's runs alone, no row of a rung that does not exist.
+    assert original.rung_fragments("none") == original.rung_fragments("") == []
+    assert original.rung_fragments("baseline|+ fused Adam") == ["baseline", "+ fused Adam"]
 
 
 def test_the_ratios_and_the_table():
