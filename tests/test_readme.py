@@ -271,6 +271,32 @@ def test_large_batch_table_is_that_of_the_example_logs():
             [str(config["global_batch_size"]), str(config["num_epochs"]), str(steps), final], name
 
 
+def test_large_batch_reading_quotes_the_example_logs():
+    """The numbers docs/04 reads off the large-batch runs: the validation losses after 64 and 128 steps and
+    at the end, to four places, and the last step's learning rate as a share of the peak, from their logs."""
+    import quotes
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    text = quotes.section("docs/04-distributed.md", "Large-batch convergence")
+    losses = {}  # {run: {optimiser step: validation loss}}, the step-0 pass first
+    for name, folder in {"demo": "example_logs/demo", "test": "example_logs/large_batch/demo_bs32_test",
+                         "opt": "example_logs/large_batch/demo_bs32_opt"}.items():
+        with open(os.path.join(ROOT, folder, "config.yaml")) as f:
+            config = yaml.safe_load(f)
+        with open(os.path.join(ROOT, folder, "out.log")) as f:
+            found = [float(loss) for loss in re.findall(r"Avg val loss=([\d.]+)", f.read())]
+        per_epoch = config["Nsamples"] // config["global_batch_size"]
+        losses[name] = {epoch * per_epoch: loss for epoch, loss in enumerate(found)}
+    quotes.assert_quoted(text, *(f"{loss:.4f}" for loss in (
+        losses["opt"][64], losses["demo"][64],  # step for step, the large batch ahead at first
+        losses["test"][64], losses["opt"][128], losses["demo"][128],  # the stall, the end level with the demo
+        losses["demo"][256])))  # the demo's final loss
+    events = EventAccumulator(os.path.join(ROOT, "example_logs/large_batch/demo_bs32_test/logs"))
+    events.Reload()
+    rates = [scalar.value for scalar in events.Scalars("Learning Rate")]
+    quotes.assert_quoted(text, f"{100 * rates[-1] / max(rates):.0f}")
+
+
 # ----------------------------------------------------------------------------- the commands not run here
 
 SLURM = ("needs a Slurm cluster with GPU nodes (Perlmutter); submit_pm.sh itself is submitted to a real "
