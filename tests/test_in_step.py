@@ -167,8 +167,8 @@ def test_the_committed_traces_kernel_kinds_are_those_docs_09_quotes():
     summary = in_step.trace_summary(os.path.join(ROOT, path))
     text = quotes.section("docs/09-going-further.md", "Inside the real step")
     assert f"python -m benchmarks.in_step {path}" in text
-    kinds = re.findall(r"^\| (convolutions|other element-wise|layout conversions|optimiser) \| ([\d.]+) \| ([\d.]+)% \|$",
-                       summary, flags=re.M)
+    kinds = re.findall(r"^\| (convolutions|other element-wise|layout conversions|optimiser)"
+                       r" \| ([\d.]+) \| ([\d.]+)% \|$", summary, flags=re.M)
     assert [kind for kind, _, _ in kinds] == ["convolutions", "other element-wise", "layout conversions", "optimiser"]
     quotes.assert_quoted(text, *(number for _, ms, share in kinds for number in (ms, share)))
     sm80 = re.search(r"^\| sm80 \| ([\d.]+) \| ([\d.]+)% \|$", summary, flags=re.M)
