@@ -155,26 +155,24 @@ def test_on_a_gpu_every_kernel_is_attributed_and_the_convolutions_name_their_ker
     assert rows["device idle (no kernel running)"]["ms"] >= 0
 
 
-def test_the_committed_traces_kernel_kinds_are_those_docs_03_quotes():
-    """docs/09's table of the bf16 + fused + JIT rung's kernels, from its committed H100 trace."""
+def test_the_committed_traces_kernel_kinds_are_those_docs_09_quotes():
+    """docs/09's table of the bf16 + fused + JIT rung's kernels, from its committed H100 trace: each kind's ms and
+    share, and the convolutions' ms in Ampere kernels, are the numbers the trace gives."""
     import os
     import re
 
+    import quotes
     from conftest import ROOT
     path = "sample_nsys_profiles/gpu_inmem_bf16_fused_jit.pt.trace.json.gz"
     summary = in_step.trace_summary(os.path.join(ROOT, path))
-    docs = open(os.path.join(ROOT, "docs", "09-going-further.md")).read()
-    assert f"python -m benchmarks.in_step {path}" in docs
-    rows = re.findall(r"^\| (convolutions|other element-wise|layout conversions|optimiser) \| [\d.]+ \| [\d.]+% \|$",
-                      summary, flags=re.M)
-    assert rows == ["convolutions", "other element-wise", "layout conversions", "optimiser"]
-    for line in summary.splitlines():
-        if line.startswith(("| convolutions |", "| other element-wise |", "| layout conversions |", "| optimiser |")):
-            assert line in docs, line
-    sm80 = re.search(r"^\| sm80 \| ([\d.]+) \| ([\d.]+%) \|$", summary, flags=re.M)
-    conv = re.search(r"^\| convolutions \| ([\d.]+) \|", summary, flags=re.M).group(1)
-    assert f"Of the convolutions' {conv} ms, {sm80.group(1)} ({sm80.group(2)}) run in kernels written for Ampere" in \
-        " ".join(docs.split())
+    text = quotes.section("docs/09-going-further.md", "Inside the real step")
+    assert f"python -m benchmarks.in_step {path}" in text
+    kinds = re.findall(r"^\| (convolutions|other element-wise|layout conversions|optimiser)"
+                       r" \| ([\d.]+) \| ([\d.]+)% \|$", summary, flags=re.M)
+    assert [kind for kind, _, _ in kinds] == ["convolutions", "other element-wise", "layout conversions", "optimiser"]
+    quotes.assert_quoted(text, *(number for _, ms, share in kinds for number in (ms, share)))
+    sm80 = re.search(r"^\| sm80 \| ([\d.]+) \| ([\d.]+)% \|$", summary, flags=re.M)
+    quotes.assert_quoted(text, sm80.group(1), sm80.group(2))
 
 
 def test_kernels_are_sorted_by_their_names():
@@ -188,30 +186,62 @@ def test_kernels_are_sorted_by_their_names():
         "other element-wise"
 
 
-def test_docs_03_quotes_the_committed_cpu_run_of_the_step_layer_by_layer():
-    """The side-by-side table of docs/09 (plain, in the exact forms) is the committed CPU run's, row for row,
-    and so are the numbers its paragraph gives."""
+def test_docs_09_quotes_the_committed_cpu_runs_of_the_step_layer_by_layer():
+    """docs/09's side-by-side table of the step layer by layer (off, auto, on, the first and last layers alone) is
+    the committed idle CPU run's, row for row; the numbers its paragraphs give are those of the runs they name:
+    the spread of the plain steps, every form on, the list alone, the rows that gain and lose, crop 32, and the
+    layers timed alone."""
     import json
     import os
     import re
 
+    import quotes
     from conftest import ROOT
-    name = "cpu-vm-2-cores-2026-11-26-fp32-4"
-    with open(os.path.join(ROOT, "benchmarks", "results", "layers", name + ".json")) as f:
-        report = json.load(f)
-    off, on = report["in_step"]["off"], report["in_step"]["on"]
-    docs = open(os.path.join(ROOT, "docs", "09-going-further.md")).read()
+
+    def report(suffix):
+        with open(os.path.join(ROOT, "benchmarks", "results", "layers",
+                               f"cpu-vm-2-cores-2026-11-27-fp32{suffix}.json")) as f:
+            return json.load(f)
+
+    listed = "[down.0.0,last]"
+    name = "cpu-vm-2-cores-2026-11-27-fp32-6"
+    crop64 = {suffix: report(suffix) for suffix in ("-5", "-6", "-7")}
+    tables = crop64["-6"]["in_step"]
+    off, auto, on, alone = (tables[forms] for forms in ("off", "auto", "on", listed))
+    docs = quotes.read("docs/09-going-further.md")
     table = docs[docs.index(f"<!-- in-step: {name}.json -->"):].split("\n\n", 1)[0]
-    expected = [f"| {a['row']} | {a['ms']:.2f} | {b['ms']:.2f} | {b['layout_ms']:.2f} |"
-                for a, b in zip(off["rows"], on["rows"])]
+    expected = [f"| {a['row']} | {b['ms']:.2f} | {c['ms']:.2f} | {d['ms']:.2f} | {d['around_ms']:.2f} | {e['ms']:.2f} |"
+                for a, b, c, d, e in zip(off["rows"], off["rows"], auto["rows"], on["rows"], alone["rows"])]
     assert re.findall(r"^\|.*\|$", table, flags=re.M)[2:] == expected + [
-        f"| the step | {off['step_ms']:.2f} | {on['step_ms']:.2f} | |"]
-    assert report["command"] == "python -m benchmarks.layers --preset cpu --committed --in_step_steps 10"
-    assert f"`{report['command']}`" in " ".join(docs.split())
-    text = " ".join(docs.split())
-    rows = {(forms, row["row"]): row["ms"] for forms, table in (("off", off), ("on", on)) for row in table["rows"]}
-    assert (f"The last layer does gain, {rows['off', 'last']:.2f} to {rows['on', 'last']:.2f} ms, and the first, "
-            f"{rows['off', 'down 1']:.2f} to {rows['on', 'down 1']:.2f}") in text
-    assert (f"are layout conversions, {rows['on', 'layout conversions']:.2f} ms a step against "
-            f"{rows['off', 'layout conversions']:.2f}") in text
-    assert f"takes {on['step_ms']:.2f} ms against {off['step_ms']:.2f}" in text
+        f"| the step | {off['step_ms']:.2f} | {auto['step_ms']:.2f} | {on['step_ms']:.2f} | | {alone['step_ms']:.2f} |"]
+    section = quotes.section("docs/09-going-further.md", "Inside the real step")
+    assert f"`{crop64['-6']['command']}`" in " ".join(section.split())
+    text = "\n".join(line for line in section.splitlines() if not line.startswith("|"))  # the words, not the table
+    assert all(run["crop"] == 64 and run["in_step"]["off"]["steps"] == 10 for run in crop64.values())
+
+    plain = [run["in_step"][forms]["step_ms"] for run in crop64.values() for forms in ("off", "auto")]
+    every = [run["in_step"]["on"]["step_ms"] for run in crop64.values()]
+    listed_ms = [crop64[suffix]["in_step"][listed]["step_ms"] for suffix in ("-6", "-7")]
+    assert max(listed_ms) < min(plain + every)  # the claim: the fastest step measured at crop 64
+    quotes.assert_quoted(text, *(f"{ms:.2f}" for ms in [min(plain), max(plain), *every, *listed_ms]))
+    rows = {(forms, row["row"]): row for forms, table in tables.items() for row in table["rows"]}
+    quotes.assert_quoted(text, *(f"{rows[forms, layer]['ms']:.2f}" for forms, layer in (
+        ("off", "last"), ("on", "last"), (listed, "last"), ("off", "down 1"), ("auto", "down 1"), ("on", "down 1"),
+        (listed, "down 1"), ("off", "up 4"), ("on", "up 4"), ("off", "up 3"), ("on", "up 3"))),
+        f"{rows['on', 'up 4']['around_ms']:.2f}")
+    assert rows["on", "up 4"]["main"] == "aten::copy_"
+
+    three = report("-3")["in_step"]
+    crop32 = report("-4")["in_step"]
+    assert report("-4")["crop"] == 32
+    quotes.assert_quoted(text, *(f"{three[forms]['step_ms']:.2f}" for forms in ("off", "auto", "on")),
+                         *(f"{crop32[forms]['step_ms']:.2f}" for forms in ("off", "auto", "on")))
+    rows32 = {(forms, row["row"]): row["ms"] for forms, table in crop32.items() for row in table["rows"]}
+    quotes.assert_quoted(text, *(f"{rows32[forms, layer]:.2f}" for forms in ("off", "on")
+                                 for layer in ("up 4", "up 3", "last")))
+
+    forms = quotes.section("docs/09-going-further.md", "Exact faster forms of the slow layers")
+    for suffix, layers in (("-5", ("down 1", "last", "up 4", "up 3")), ("-4", ("down 1", "last"))):
+        ratios = {layer["layer"]: layer for layer in report(suffix)["layers"]}
+        quotes.assert_quoted(forms, *(f"{ratios[layer]['ms'] / ratios[layer]['exact_form_ms']:.2f}"
+                                      for layer in layers))

@@ -202,19 +202,16 @@ def test_the_committed_reports_timelines_are_drawn_from_their_sqlite(nsys, tmp_p
 
 
 def test_the_going_further_chapter_quotes_the_committed_cpu_reports():
-    """docs/09's figures for the two CPU reports are those their profiles.json records."""
-    import re
+    """docs/09's figures for the two CPU reports are those their profiles.json records, and so is their date."""
+    import quotes
 
-    from readme_commands import tutorial_texts
-
-    text = " ".join(tutorial_texts(ROOT)["docs/09-going-further.md"].split())
+    text = quotes.section("docs/09-going-further.md", "Nsight Systems on a CPU")
     folder = os.path.join(ROOT, "sample_nsys_profiles", "cpu")
     calls = {os.path.basename(report): {row["name"]: row for row in committed_entry(report)["nsys"]["tables"]["osrt"]}
              for report in (os.path.join(folder, "baseline.nsys-rep"), os.path.join(folder, "gpu_inmem.nsys-rep"))}
     baseline, inmem = calls["baseline.nsys-rep"], calls["gpu_inmem.nsys-rep"]
-    assert f"`poll()` {baseline['poll']['count']} times, {baseline['poll']['ms']:.1f} ms in all" in text
-    assert f"after forking {baseline['fork']['count']} of them" in text
-    assert f"`sem_wait`, {baseline['sem_wait']['ms']:.1f} ms summed" in text
-    assert f"(`pread64`, {inmem['pread64']['count']} calls, {inmem['pread64']['ms']:.1f} ms)" in text
+    quotes.assert_quoted(text, baseline["poll"]["count"], f"{baseline['poll']['ms']:.1f}",
+                         baseline["fork"]["count"], f"{baseline['sem_wait']['ms']:.1f}",
+                         inmem["pread64"]["count"], f"{inmem['pread64']['ms']:.1f}")
     dates = {entry["date"][:10] for entry in json.load(open(os.path.join(folder, "profiles.json")))["profiles"]}
-    assert re.search(rf"reports \(the 2-core CPU machine, {dates.pop()};", text) and not dates
+    assert len(dates) == 1 and dates.pop() in text

@@ -371,9 +371,10 @@ def choose_forms(model, layers, params, device, mesh):
     the reshuffles into the kernels beside them, so the timing overstates a form's cost there and may keep
     a layer plain that would pay compiled (compiling each candidate would cost more than the timing saves).
     On a CPU the layers stay plain, with no timing: the test suite builds many small models, whose
-    arithmetic and saved memory must not depend on a timing. On the 2-core CPU measured, plain was the
-    faster at crop 32, but not at crop 64, where the first and last layers ran 5 times faster in their
-    forms (--exact_forms=on or a list there; benchmarks/results/layers/cpu-vm-2-cores-2026-11-26-fp32*.md).
+    arithmetic and saved memory must not depend on a timing. On an idle 2-core CPU, every form on made the
+    step slower at crop 32 (84 against 61 ms) and no faster at crop 64, where the first and last layers
+    alone (``--exact_forms=[down.0.0,last]``) gave the fastest step
+    (benchmarks/results/layers/cpu-vm-2-cores-2026-11-27-fp32-4.md to -7.md).
     """
     if device.type != "cuda":
         return [], "auto: the plain layers on a CPU"
