@@ -250,10 +250,12 @@ def test_the_tracks_run_the_chapters_commands_and_quote_their_numbers():
             commands = re.findall(r"`([^`]+)`", row["command"])
             assert commands and all(c in COMMANDS for c in commands), (heading, commands)
             links = [resolve("README.md", t) for t in relative_targets(" ".join(row.values()))]
-            where = " ".join(" ".join(text.split()) for text in [hub, *(FILES[path] for path in links if path in FILES)])
-            for number in re.findall(r"\d+(?:\.\d+)?(?:e-\d+)?%?", row["the number to compare"]):
-                if "." in number or "%" in number or len(number) >= 3:
-                    assert number in where, (heading, row["step"], number)
+            where = " ".join(text for text in [hub, *(FILES[path] for path in links if path in FILES)])
+            for number, percent in re.findall(rf"({quotes.NUMBER.pattern})(%?)", row["the number to compare"]):
+                if percent:  # a percentage is compared with the percentages written there
+                    quotes.assert_quoted(" ".join(re.findall(rf"{quotes.NUMBER.pattern}(?=%)", where)), number)
+                elif "." in number or len(number) >= 3:
+                    quotes.assert_quoted(where, number)
 
 
 def test_large_batch_table_is_that_of_the_example_logs():
