@@ -664,7 +664,9 @@ def test_the_chapter_quotes_the_models_terms(report):
     apart = dataclasses.replace(fitted, loader_shares_network=False)
     missed = model.curve_model("real", 8, apart) / model.CURVES["real"][8] - 1
     alone = model.CURVES["loader"][32] / model.CURVES["loader_ideal"][32]
-    quoted_in("The model, term by term",
+    # DDP's buckets at 25 and 100 MB, with the 1 MB first bucket of older torch and with the whole cap
+    counts = [len(model.buckets(network, cap, first)) for cap, first in ((25, 1.0), (100, 1.0), (25, 25), (100, 100))]
+    quoted_in("The model, term by term", *map(str, counts),
               f"{total / 1e6:.0f}", *(f"{100 * w:.0f}" for w in window), f"{100 * ready:.0f}", f"{before:.0f}",
               f"{after:.0f}", f"{report['optimiser_ms']:.1f}", f"{model.AMPERE_BUS_BW:.0f}",
               f"{1e3 * step.ddp_gpu:.1f}", f"{100 * slower:.0f}",
