@@ -173,7 +173,8 @@ def test_the_loader_ratio_quoted_is_that_of_the_ladder():
         io = {run["name"]: run["io"] for run in json.load(f)["runs"]}
     lowmem = io["original's lowmem: 24 rotations, velocities not turned, 2 workers"]
     ratio = f"{io['gpu-inmem on CPU tensors'] / lowmem:.1f}"
-    ladder = next(row for row in track_rows("## CPU track") if "`python -m benchmarks.ladder --preset cpu`" in row["command"])
+    ladder = next(row for row in track_rows("## CPU track")
+                  if "`python -m benchmarks.ladder --preset cpu`" in row["command"])
     quotes.assert_quoted(ladder["the number to compare"], ratio)
     chapter = "docs/03-profiling-and-optimisation.md"
     for heading in ("Data loading", "The optimisation ladder"):
