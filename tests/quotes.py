@@ -41,6 +41,15 @@ def section(path, heading):
                          + "; ".join(title for _, _, title in headings))
 
 
+def prose(text):
+    """The prose of a Markdown text, its paragraphs, list items, captions and footnotes on one line each,
+    without its tables, code blocks and images: where a number a sentence quotes cannot be matched by a
+    table's cell that happens to be equal."""
+    from docs.prose import blocks
+
+    return "\n".join(body for kind, body in blocks(text) if kind in ("prose", "caption", "footnote", "details"))
+
+
 def numbers(text):
     """The numbers written in ``text``, as strings without thousands separators or a typographic minus
     ("1,669.5" -> "1669.5", "−3.2" -> "-3.2"), a leading plus dropped."""

@@ -4,13 +4,14 @@ Runs on the CPU (the loader takes the device it is given); the synchronisation c
 CUDA when there is a GPU.
 """
 import math
+import re
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, needs_cuda
-from readme_commands import tutorial_text
+import quotes
+from conftest import needs_cuda
 from utils import get_data_loader_distributed, symmetry
 from utils.YParams import YParams
 from utils.data_loader import build_dataset
@@ -238,8 +239,9 @@ def test_float16_storage_rounds_data_in_the_unit_interval_8_times_less_than_bflo
 
 
 def test_readme_rounding_errors_are_those_of_the_make_data_targets(tmp_path):
-    """The README's figures for `make data`'s training targets: mean absolute rounding error 2.1e-5 in
-    float16 and 1.7e-4 in bfloat16, the latter 3.6% of the original's validation L1 of 4.7e-3."""
+    """Chapter 03's figures for `make data`'s training targets, in its data loading section: mean absolute
+    rounding error 2.1e-5 in float16 and 1.7e-4 in bfloat16, the latter 3.6% of the original's validation L1
+    of 4.7e-3."""
     import h5py
     from utils import generate_data
     generate_data.main(["--out_dir", str(tmp_path)])  # what `make data` runs
@@ -248,8 +250,9 @@ def test_readme_rounding_errors_are_those_of_the_make_data_targets(tmp_path):
     error = {dtype: float((values.to(dtype).float() - values).abs().mean()) for dtype in (torch.float16, torch.bfloat16)}
     assert (f"{error[torch.float16]:.1e}", f"{error[torch.bfloat16]:.1e}") == ("2.1e-05", "1.7e-04")
     assert f"{error[torch.bfloat16] / 4.7e-3:.1%}" == "3.6%"
-    readme = " ".join(tutorial_text(ROOT).split())  # README.md and its chapters in docs/
-    assert "mean absolute rounding error is 2.1e-5 in float16 and 1.7e-4 in bfloat16" in readme
+    written = [re.sub(r"e([-+])0*(\d)", r"e\1\2", f"{error[dtype]:.1e}") for dtype in (torch.float16, torch.bfloat16)]
+    quotes.assert_quoted(quotes.prose(quotes.section("docs/03-profiling-and-optimisation.md", "Data loading")),
+                         *written)  # as prose writes them: 2.1e-5
 
 
 # The blocks of a [2, 2, 1] mesh, and of a [1, 2, 2] one, whose blocks are not cubes: a permutation

@@ -22,3 +22,11 @@ def test_a_number_is_quoted_or_the_failure_names_it():
     quotes.assert_quoted("2.23 and 1,234 ms, and 12%", "2.23", "1234", "12")
     with pytest.raises(AssertionError, match=r"not quoted: \['2.24'\]"):
         quotes.assert_quoted("2.23 and 1,234 ms", "2.23", "2.24")
+
+
+def test_the_prose_of_a_section_leaves_out_its_tables_and_code():
+    text = ("Two runs took 4.2 ms.\n\n| run | ms |\n|---|---|\n| a | 5.1 |\n\n"
+            "```bash\necho 6.3\n```\n\n*Measured: 7.4.*\n")
+    assert quotes.numbers(quotes.prose(text)) == ["4.2", "7.4"]
+    with pytest.raises(AssertionError, match=r"not quoted: \['5.1'\]"):
+        quotes.assert_quoted(quotes.prose(text), "4.2", "5.1")

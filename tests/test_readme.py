@@ -28,6 +28,7 @@ import pytest
 import torch
 import yaml
 
+import quotes
 from benchmarks import nsight
 from conftest import ROOT, dali_installed, needs_dali, timeout_for
 from readme_commands import copy_data, make_scratch, readme_commands, shell_line, tutorial_text, tutorial_texts
@@ -166,13 +167,18 @@ def test_every_cpu_scaling_command_names_its_ranks():
 
 
 def test_the_loader_ratio_quoted_is_that_of_the_ladder():
-    """Every "N times (faster than) the original's" of the tutorial is the ladder's IO of the GPU-resident
-    loader over that of the original's lowmem, in the results file its table quotes."""
+    """The GPU-resident loader's IO over that of the original's lowmem, in the CPU ladder's results file, is the
+    ratio the hub's CPU track and chapter 03's loader and ladder sections quote."""
     with open(os.path.join(ROOT, "benchmarks", "results", "cpu-vm-2-cores-2026-11-25.json")) as f:
         io = {run["name"]: run["io"] for run in json.load(f)["runs"]}
-    ratio = io["gpu-inmem on CPU tensors"] / io["original's lowmem: 24 rotations, velocities not turned, 2 workers"]
-    quoted = re.findall(r"(\d+(?:\.\d+)?) times (?:faster than )?the original", " ".join(TEXT.split()))
-    assert len(quoted) >= 3 and set(quoted) == {f"{ratio:.1f}"}, (quoted, ratio)
+    lowmem = io["original's lowmem: 24 rotations, velocities not turned, 2 workers"]
+    ratio = f"{io['gpu-inmem on CPU tensors'] / lowmem:.1f}"
+    ladder = next(row for row in track_rows("## CPU track")
+                  if "`python -m benchmarks.ladder --preset cpu`" in row["command"])
+    quotes.assert_quoted(ladder["the number to compare"], ratio)
+    chapter = "docs/03-profiling-and-optimisation.md"
+    for heading in ("Data loading", "The optimisation ladder"):
+        quotes.assert_quoted(quotes.prose(quotes.section(chapter, heading)), ratio)
 
 
 def test_the_prefetchers_numbers_are_those_of_the_h100_loader_rungs():
@@ -244,11 +250,12 @@ def test_the_tracks_run_the_chapters_commands_and_quote_their_numbers():
             commands = re.findall(r"`([^`]+)`", row["command"])
             assert commands and all(c in COMMANDS for c in commands), (heading, commands)
             links = [resolve("README.md", t) for t in relative_targets(" ".join(row.values()))]
-            where = " ".join(" ".join(text.split()) for text in [hub, *(FILES[path] for path in links if path in FILES)])
-            for number in re.findall(r"\d+(?:\.\d+)?(?:e-\d+)?%?", row["the number to compare"]):
-                if "." in number or "%" in number or len(number) >= 3:
-                    assert number in where, (heading, row["step"], number)
-    assert "the same commands take several times as long" in " ".join(section("## CPU track").split())
+            where = " ".join(text for text in [hub, *(FILES[path] for path in links if path in FILES)])
+            for number, percent in re.findall(rf"({quotes.NUMBER.pattern})(%?)", row["the number to compare"]):
+                if percent:  # a percentage is compared with the percentages written there
+                    quotes.assert_quoted(" ".join(re.findall(rf"{quotes.NUMBER.pattern}(?=%)", where)), number)
+                elif "." in number or len(number) >= 3:
+                    quotes.assert_quoted(where, number)
 
 
 def test_large_batch_table_is_that_of_the_example_logs():
@@ -987,132 +994,3 @@ def test_readme_commands_run_in_order_in_one_fresh_copy(reading):
     slowest = sorted(reading.items(), key=lambda item: -item[1].seconds)[:10]
     print("The reading's slowest commands:", *(f"{r.seconds:6.1f} s  {command_id(c)}" for c, r in slowest), sep="\n")
 
-
-def test_scaling_model_prose_is_that_of_its_report():
-    """The numbers the scaling-model chapter states in words come from the committed report
-    (benchmarks/results/scaling_model/report.json), the committed plot reading or the model's code,
-    as its tables do."""
-    from benchmarks import scaling_model as model
-
-    text = " ".join(section("# A scaling model on paper").split())  # line breaks as spaces
-    with open(os.path.join(ROOT, "benchmarks", "results", "scaling_model", "report.json")) as f:
-        report = json.load(f)
-    rows = {(r["curve"], r["nodes"]): r for r in report["check"]}
-    pct = lambda value: f"{100 * value:.1f}%"  # noqa: E731
-    signed = lambda value: f"{100 * value:+.1f}%"  # noqa: E731
-    assert f"±{report['reading_error']:.0f} samples/s" in text
-    assert f"one A100 computes {report['one_gpu_rate']:.0f} samples/s" in text
-    assert f"its loader delivers {report['loader_rate']:.0f}" in text
-    # The network: NCCL's version and constants.
-    nccl = report["nccl_latencies"]
-    assert report["nccl"] == model.NCCL_VERSION == "2.15.5" and "NCCL 2.15.5's tuner" in text
-    assert f"ring costs {1e6 * nccl['call_latency']:.1f} us a call" in text
-    assert f"network hops ({1e6 * nccl['inter_latency']:.1f} us) and the rest as NVLink hops " \
-           f"({1e6 * nccl['intra_latency']:.1f} us)" in text
-    assert f"latency by {nccl['ring_plateau']}" in text and f"2 x bytes / ({nccl['tree_bw_share']} x bus bandwidth)" in text
-    assert f"hops of {1e6 * nccl['tree_inter_latency']:.0f} us" in text
-    assert f"at the {model.AMPERE_BUS_BW:.0f} GB/s NCCL allows an A100" in text
-    share, error = report["fitted_share"]
-    fitted = model.fitted_machine(share)
-    cut = model.buckets(model.unet(), 25, 1.0)
-    choices = {n: [model.algorithm(b, 4 * n, fitted) for b, _ in cut] for n in (2, 4, 8, 16, 32)}
-    smallest = sorted(range(len(cut)), key=lambda i: cut[i][0])[:2]
-    assert [i for i, a in enumerate(choices[8]) if a == "tree"] == sorted(smallest)
-    assert set(choices[16]) == set(choices[32]) == {"tree"} and set(choices[2]) == set(choices[4]) == {"ring"}
-    times = model.nccl_times(cut[2][0], 128, fitted)
-    assert f"a large ring's latency is {1e3 * times['ring'][1]:.2f} ms a call, a tree's {1e3 * times['tree'][1]:.2f}" in text
-    h100 = model.fitted_machine(share, model.H100)
-    times = model.nccl_times(cut[2][0], 256, h100)
-    assert f"a large ring's latency is {1e3 * times['ring'][1]:.2f} ms a call against a tree's " \
-           f"{1e3 * times['tree'][1]:.2f}" in text
-    assert f"{report['optimiser_ms']:.1f} ms on an A100" in text
-    # The error model, the fit and its loader variant, the verdict.
-    assert f"run-to-run spread of {pct(report['run_to_run'])}" in text
-    alone = [model.share_to(c, n) for c, n in model.FIT_POINTS]
-    assert "the run at 8 nodes asks for {} of the datasheet, the run at 16 for {} and the run at 32 for {}".format(
-        *map(pct, alone)) in text
-    assert f"One share, {pct(share)} ± {100 * error:.1f} points, meets them to " + ", ".join(
-        signed(rows[("real", n)]["error"]).replace("-0.0%", "+0.0%") for n in (8, 16)) + \
-        f" and {signed(rows[('real', 32)]['error']).replace('-0.0%', '+0.0%')}" in text
-    published, published_error = report["fitted_share_loader_published"]
-    assert f"it becomes {pct(published)} ± {100 * published_error:.1f} points" in text
-    below = [1 - model.CURVES["loader"][n] / (model.CURVES["loader_ideal"][32] / 32 * n) for n in (16, 32)]
-    assert "({:.1f}% and {:.1f}% below its ideal line)".format(*(100 * b for b in below)) in text
-    assert model.verdict_line(report["verdict"]) in text and report["verdict"] == model.verdict(model.check_rows())
-    assert f"within {model.VERDICT_SIGMAS} standard errors" in text
-    counted = [r for r in report["check"] if r["term"].startswith("N x")]
-    assert len(counted) == 7 and "seven are N times an input" in text
-    assert f"and seven are independent predictions" in text and report["verdict"]["checked"] == 7
-    for row in report["check"]:  # the table of fitted points and predictions: each as the report has it
-        if row["term"].startswith("fitted") or row["term"] == "predicted, judged":
-            assert f"| {row['curve']} | {row['nodes']} | {row['published']:.0f} | {row['model']:.0f} | " \
-                   f"{signed(row['error']).replace('-0.0%', '+0.0%')} | ±{100 * row['sigma']:.1f}% | " \
-                   f"{row['sigmas']:.1f} |" in section("# A scaling model on paper")
-    # The synthetic runs the model misses, and what the hypotheses move.
-    exposed = {n: next(r for r in report["tables"]["perlmutter"] if r["nodes"] == n)["exposed_ms"] for n in (16, 32)}
-    assert f"({exposed[16]:.1f} ms exposed at 16 nodes, {exposed[32]:.1f} at 32)" in text
-    synthetic = [rows[("synthetic", n)] for n in (16, 32)]
-    assert f"{signed(synthetic[0]['error'])} and {signed(synthetic[1]['error'])} above the published points, " \
-           f"{synthetic[0]['sigmas']:.1f} and {synthetic[1]['sigmas']:.1f} standard errors" in text
-    asked = []
-    for n in (16, 32):  # the published synthetic step less the model's compute and DDP's work on the GPU
-        modelled = model.step_time(fitted, 4 * n, 64, report["one_gpu_rate"], rate_batch=64)
-        asked.append(1e3 * (64 * 4 * n / model.CURVES["synthetic"][n] - modelled.compute - modelled.ddp_gpu))
-    assert "They ask for {:.1f} and {:.1f} ms of exposed network".format(*asked) in text
-    overhead = [rows[(curve, 32)] for curve in ("comm_overhead_synthetic (README text)", "comm_overhead_synthetic")]
-    assert f"the model's {pct(overhead[0]['model'])} at 32 nodes falls short of the README's \"around " \
-           f"{100 * overhead[0]['published']:.0f}%\" and the plot's {pct(overhead[1]['published'])}" in text
-    for hypothesis in report["hypotheses"]:
-        if hypothesis["moves"].startswith("synthetic 16 and 32 nodes at "):
-            values = hypothesis["moves"].removeprefix("synthetic 16 and 32 nodes at ").split(" and ")
-            assert f"{values[0]}, {values[1]})" in text, hypothesis
-    # The gradients' timeline and DDP's work on the GPU.
-    network = model.unet()
-    total = sum(g.bytes for g in network.gradients)
-    ready = sum(g.bytes for g in network.gradients if 0.66 <= g.ready <= 0.74) / total
-    before = sum(g.bytes for g in network.gradients if g.ready < 0.66) / model.MIB
-    after = sum(g.bytes for g in network.gradients if g.ready > 0.74) / model.MIB
-    assert f"{100 * ready:.0f}% of the gradient bytes become ready between 66% and 74%" in text
-    assert f"about {before:.0f} MiB before and {after:.0f} MiB after" in text
-    assert f"{total / 1e6:.0f} MB of fp32 gradients" in text
-    step = model.step_time(fitted, 128, 64, report["one_gpu_rate"])
-    assert f"{1e3 * step.ddp_gpu:.1f} ms per step that the backward pass does not hide" in text
-    slower = 1 - model.CURVES["synthetic"][1] / (model.CURVES["synthetic_noddp"][32] / 32)
-    assert f"synthetic data runs {100 * slower:.0f}% slower with DDP" in text
-    apart = model.dataclasses.replace(fitted, loader_shares_network=False)
-    missed = model.curve_model("real", 8, apart) / model.CURVES["real"][8] - 1
-    assert f"misses the real-data run at 8 nodes by {100 * missed:.0f}%" in text
-    busy = {n: 1e3 * (model.step_time(fitted, 4 * n, 64, report["one_gpu_rate"], rate_batch=64).loader
-                      - 64 / fitted.loader_rate) for n in (2, 32)}
-    assert f"the loader's {1e3 * 64 / fitted.loader_rate:.0f} ms plus the {busy[2]:.0f} to {busy[32]:.0f} ms" in text
-    alone = model.CURVES["loader"][32] / model.CURVES["loader_ideal"][32]
-    assert f"the loader-alone curve reaches {pct(alone)} of its ideal line at 32 nodes" in text
-    assert f"{model.CURVES['real'][32]:.0f} / {model.CURVES['loader_ideal'][32]:.0f} = " \
-           f"{100 * model.CURVES['real'][32] / model.CURVES['loader_ideal'][32]:.1f}%" in text
-    assert f"by less than its standard error ({rows[('efficiency_real (README text)', 32)]['sigmas']:.1f} of it)" in text
-    # The runs at local batch 16.
-    mean = rows[("4_gpus_local_batch_16 (mean of the 3 runs)", 1)]
-    row4 = model.step_time(fitted, 4, 16, report["one_gpu_rate"], bucket_cap_mb=100, broadcast_buffers=False,
-                           rate_batch=64)
-    assert f"is {1e3 * row4.step:.1f} ms: {mean['model']:.0f} samples/s against the three runs' " \
-           f"{mean['published']:.0f}" in text
-    flat = model.step_time(fitted, 4, 16, report["one_gpu_rate"], bucket_cap_mb=100, broadcast_buffers=False)
-    assert f"the model says {signed(flat.samples_per_s / mean['published'] - 1)}" in text
-    eight = [rows[(model.run_name(r), 2)]["error"] for r in model.RUNS_16 if r["gpus"] == 8]
-    assert "the model is {} and {} of them".format(*map(signed, eight)) in text
-    assert f"({100 * model.PER_STEP_SHARE:.1f}% of a" in text.replace("One measured split is an input: ", "(")
-    h200 = model.per_step_share(os.path.join(ROOT, "benchmarks", "results", "nvidia-h200-2026-11-26.json"))
-    assert f"One H200 gives {100 * h200:.1f}%" in text
-    # The tables' prose: one node, the knobs, accumulation, the H100's two loaders.
-    one_node = next(r for r in report["tables"]["perlmutter"] if r["gpus"] == 4)
-    assert f"only DDP's work on the GPU costs ({100 * (1 - one_node['synthetic_efficiency']):.0f}%)" in text
-    knobs = {k["knobs"]: k for k in report["knobs"]["perlmutter"]}
-    baseline = knobs["bs64_opt as published (the baseline)"]
-    above = [round(100 * v) - 100 * report["published_32"]["synthetic"] for v in baseline["synthetic"]]
-    assert f"The model's baseline is {above[0]:.0f} to {above[1]:.0f} points above the published " \
-           f"{pct(report['published_32']['synthetic'])}" in text
-    base = model.step_time(fitted, 128, 64, report["one_gpu_rate"], rate_batch=64)
-    accumulated = model.step_time(fitted, 128, 64, report["one_gpu_rate"], rate_batch=64, grad_accum_steps=2)
-    assert f"twice ({1e3 * accumulated.compute:.1f} ms a step against {1e3 * base.compute:.1f})" in text
-    assert f"({1e3 * accumulated.exposed:.1f} ms exposed against {1e3 * base.exposed:.1f})" in text
-    assert f"{model.H100_LOADER_MEASURED:.1f} samples/s" in text and f"{model.H100_RATE:.1f} samples/s" in text

@@ -14,6 +14,7 @@ import shlex
 
 import pytest
 
+import quotes
 from conftest import ROOT
 from readme_commands import readme_commands, tutorial_text
 
@@ -137,9 +138,7 @@ def test_every_section_of_the_original_is_found_from_the_hub():
     """README.md's table "For readers of the original tutorial" names each of the original's sections (as
     often as the original has it) in its first column and links, in the same row, the chapter section that
     stands for it (tests/test_readme.py checks that the link's file and heading exist)."""
-    with open(os.path.join(ROOT, "README.md")) as f:
-        hub = f.read()
-    table = hub.split("### For readers of the original tutorial", 1)[1].split("\n#", 1)[0]
+    table = quotes.section("README.md", "For readers of the original tutorial")
     rows = [line.strip("|").split("|") for line in table.splitlines() if line.startswith("| ")][1:]
     named = []
     for first, here in rows:

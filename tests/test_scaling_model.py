@@ -1,6 +1,7 @@
 """benchmarks/scaling_model.py: its arithmetic on cases worked by hand, DDP's buckets against a real DDP,
 the gradient timeline against a real backward pass on the CPU, and the check against the original's
 published numbers with its tolerance."""
+import collections
 import dataclasses
 import json
 import math
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from benchmarks import scaling_model as model
+import quotes
 from conftest import ROOT, timeout_for
 from networks.UNet import UNet
 
@@ -550,7 +552,7 @@ def test_the_h100_rate_is_the_measured_rung_with_bs64_opts_precision_and_optimis
     assert "NVIDIA H100" in report["device"] and run["precision"] == "fp16"
     assert "--enable_fused" in run["options"] and "--data_loader_config=gpu-inmem" in run["options"]
     assert model.ONE_GPU_RATE["h100"] == run["synthetic"] > model.A100_RATE
-    assert f"{run['synthetic']:.1f} samples/s" in open(os.path.join(ROOT, "docs", "05-scaling-model.md")).read()
+    quoted_in("DGX H100 nodes", f"{run['synthetic']:.1f}")
 
 
 def test_a_steps_compute_splits_into_a_cost_per_sample_and_one_per_step_measured_on_the_h100():
@@ -586,13 +588,205 @@ def test_the_scaling_benchmark_records_the_network_environment(synthetic_data_di
     assert "`NCCL_CROSS_NIC=1`" in (out / "README.md").read_text()
 
 
-def test_the_readme_quotes_the_check():
-    """The README's scaling numbers are --check's: the 8-node synthetic point, published and predicted, and the
-    original's "around 12%" only ever as the synthetic runs' overhead (its solid against its dotted orange line)."""
-    readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
+def test_the_hub_quotes_the_check():
+    """The hub's CPU track quotes --check's 8-node synthetic point, published and predicted, in the row of the
+    command that prints it."""
     rows = {(r["curve"], r["nodes"]): r for r in model.check_rows()}
     point = rows[("synthetic", 8)]
-    assert f"{point['published']:.0f}" in readme
-    assert re.search(rf"\b{point['model']:.0f}( samples/s)? predicted", readme)  # either way the hub words it
-    for sentence in re.findall(r"[^|.]*12% communication overhead[^|.]*", readme):
-        assert "synthetic" in sentence, sentence
+    track = [line for line in quotes.section("README.md", "CPU track").splitlines()
+             if "`python -m benchmarks.scaling_model --check`" in line]
+    assert len(track) == 1, "the CPU track has one step that runs --check"
+    quotes.assert_quoted(track[0].rsplit("|", 2)[1], f"{point['published']:.0f}", f"{point['model']:.0f}")
+
+
+# ----------------------------------------------------------------------------- docs/05, the chapter
+# Each number the chapter's prose quotes is recomputed here from the committed report of
+# `python -m benchmarks.scaling_model --report` (benchmarks/results/scaling_model/report.json), the committed
+# plot reading or the model's code, and looked for among the numbers of the section that quotes it.
+
+CHAPTER = "docs/05-scaling-model.md"
+REPORT = os.path.join(ROOT, "benchmarks", "results", "scaling_model", "report.json")
+
+
+def own_text(heading):
+    """The text under ``heading`` in the chapter, up to its first subsection."""
+    return quotes.section(CHAPTER, heading).split("\n#", 1)[0]
+
+
+def quoted_in(heading, *values):
+    """Each of ``values`` is a number the prose under ``heading`` writes (its tables and code left out); a
+    value listed twice is written at least twice (7 points of one kind and 7 of another)."""
+    text = quotes.prose(own_text(heading))
+    quotes.assert_quoted(text, *values)
+    written = collections.Counter(quotes.numbers(text))
+    wanted = collections.Counter(str(value).lstrip("+") for value in values)
+    assert all(written[value] >= count for value, count in wanted.items()), \
+        f"quoted fewer times than listed: {[v for v, n in wanted.items() if written[v] < n]}"
+
+
+def percent(value):
+    return f"{100 * value:.1f}"
+
+
+def signed(value):
+    """A relative difference as the chapter writes it: +6.5, -0.4, and +0.0 for a rounded zero."""
+    written = f"{100 * value:+.1f}"
+    return "+0.0" if written == "-0.0" else written
+
+
+@pytest.fixture(scope="module")
+def report():
+    with open(REPORT) as f:
+        result = json.load(f)
+    result["rows"] = {(r["curve"], r["nodes"]): r for r in result["check"]}
+    result["fitted"] = model.fitted_machine(result["fitted_share"][0])
+    return result
+
+
+def test_the_chapter_quotes_the_published_figures_and_the_reading_error(report):
+    rows = report["rows"]
+    quoted_in("The published curves", f"{report['reading_error']:.0f}",
+              f"{100 * rows[('efficiency_real (README text)', 32)]['published']:.0f}",
+              f"{100 * rows[('comm_overhead_synthetic (README text)', 32)]['published']:.0f}")
+
+
+def test_the_chapter_quotes_the_models_terms(report):
+    """Buckets, the gradients' timeline, the optimiser, DDP's work on the GPU, NCCL's constants, the loader."""
+    fitted, nccl = report["fitted"], report["nccl_latencies"]
+    network = model.unet()
+    total = sum(g.bytes for g in network.gradients)
+    window = (0.66, 0.74)  # the stretch of the backward pass's FLOPs the chapter names
+    ready = sum(g.bytes for g in network.gradients if window[0] <= g.ready <= window[1]) / total
+    before = sum(g.bytes for g in network.gradients if g.ready < window[0]) / model.MIB
+    after = sum(g.bytes for g in network.gradients if g.ready > window[1]) / model.MIB
+    step = model.step_time(fitted, 128, 64, report["one_gpu_rate"])
+    slower = 1 - model.CURVES["synthetic"][1] / (model.CURVES["synthetic_noddp"][32] / 32)
+    apart = dataclasses.replace(fitted, loader_shares_network=False)
+    missed = model.curve_model("real", 8, apart) / model.CURVES["real"][8] - 1
+    alone = model.CURVES["loader"][32] / model.CURVES["loader_ideal"][32]
+    # DDP's buckets at 25 and 100 MB, with the 1 MB first bucket of older torch and with the whole cap
+    counts = [len(model.buckets(network, cap, first)) for cap, first in ((25, 1.0), (100, 1.0), (25, 25), (100, 100))]
+    quoted_in("The model, term by term", *map(str, counts),
+              f"{total / 1e6:.0f}", *(f"{100 * w:.0f}" for w in window), f"{100 * ready:.0f}", f"{before:.0f}",
+              f"{after:.0f}", f"{report['optimiser_ms']:.1f}", f"{model.AMPERE_BUS_BW:.0f}",
+              f"{1e3 * step.ddp_gpu:.1f}", f"{100 * slower:.0f}",
+              f"{1e6 * nccl['call_latency']:.1f}", f"{1e6 * nccl['inter_latency']:.1f}",
+              f"{1e6 * nccl['intra_latency']:.1f}", str(nccl["ring_plateau"]), str(nccl["tree_bw_share"]),
+              f"{1e6 * nccl['tree_inter_latency']:.0f}", f"{100 * missed:.0f}", percent(alone))
+    # NCCL's version is a name, not a number: the chapter writes it whole.
+    assert report["nccl"] == model.NCCL_VERSION
+    assert re.search(rf"(?<![\d.]){re.escape(model.NCCL_VERSION)}(?![\d])", own_text("The model, term by term"))
+
+
+def test_the_chapter_quotes_the_inputs_the_error_model_the_table_and_the_verdict(report):
+    counted = [r for r in report["check"] if r["term"].startswith("N x")]
+    assert report["verdict"] == model.verdict(model.check_rows())
+    quoted_in("The model against the published points", f"{report['one_gpu_rate']:.0f}",
+              f"{report['loader_rate']:.0f}", percent(model.PER_STEP_SHARE), percent(report["run_to_run"]),
+              str(len(counted)), str(report["verdict"]["checked"]), str(model.VERDICT_SIGMAS))
+    # The table of fitted points and predictions, and the verdict line: data, compared whole.
+    text = own_text("The model against the published points")
+    assert model.verdict_line(report["verdict"]) in text
+    judged = [row for row in report["check"] if row["term"].startswith("fitted") or row["term"] == "predicted, judged"]
+    assert len(judged) == 10
+    for row in judged:
+        assert f"| {row['curve']} | {row['nodes']} | {row['published']:.0f} | {row['model']:.0f} | " \
+               f"{signed(row['error'])}% | ±{100 * row['sigma']:.1f}% | {row['sigmas']:.1f} |" in text, row
+
+
+def test_the_chapter_quotes_the_fit_to_the_real_data_runs(report):
+    rows = report["rows"]
+    share, error = report["fitted_share"]
+    published, published_error = report["fitted_share_loader_published"]
+    below = [1 - model.CURVES["loader"][n] / (model.CURVES["loader_ideal"][32] / 32 * n) for n in (16, 32)]
+    quoted_in("The real-data runs", *(percent(model.share_to(c, n)) for c, n in model.FIT_POINTS),
+              percent(share), f"{100 * error:.1f}", *(signed(rows[("real", n)]["error"]) for n in (8, 16, 32)),
+              percent(published), f"{100 * published_error:.1f}", *map(percent, below))
+
+
+def test_the_chapter_quotes_the_missed_synthetic_runs_and_what_the_hypotheses_move(report):
+    rows, fitted = report["rows"], report["fitted"]
+    exposed = [next(r for r in report["tables"]["perlmutter"] if r["nodes"] == n)["exposed_ms"] for n in (16, 32)]
+    synthetic = [rows[("synthetic", n)] for n in (16, 32)]
+    asked = []
+    for n in (16, 32):  # the published synthetic step less the model's compute and DDP's work on the GPU
+        modelled = model.step_time(fitted, 4 * n, 64, report["one_gpu_rate"], rate_batch=64)
+        asked.append(1e3 * (64 * 4 * n / model.CURVES["synthetic"][n] - modelled.compute - modelled.ddp_gpu))
+    text_row, plot_row = (rows[(curve, 32)] for curve in ("comm_overhead_synthetic (README text)",
+                                                          "comm_overhead_synthetic"))
+    moved = [value.rstrip("%") for h in report["hypotheses"] if h["moves"].startswith("synthetic 16 and 32 nodes at ")
+             for value in h["moves"].removeprefix("synthetic 16 and 32 nodes at ").split(" and ")]
+    assert len(moved) == 6, report["hypotheses"]
+    quoted_in("The synthetic runs at 16 and 32 nodes", *(f"{e:.1f}" for e in exposed),
+              *(signed(r["error"]) for r in synthetic), *(f"{r['sigmas']:.1f}" for r in synthetic),
+              *(f"{a:.1f}" for a in asked), percent(text_row["model"]), f"{100 * text_row['published']:.0f}",
+              percent(plot_row["published"]), *moved)
+
+
+def test_the_chapter_quotes_the_efficiency_the_plot_gives(report):
+    real, ideal = model.CURVES["real"][32], model.CURVES["loader_ideal"][32]
+    quoted_in("The original's 84%", f"{real:.0f}", f"{ideal:.0f}", f"{100 * real / ideal:.1f}",
+              f"{100 * report['rows'][('efficiency_real (README text)', 32)]['published']:.0f}",
+              f"{report['rows'][('efficiency_real (README text)', 32)]['sigmas']:.1f}")
+
+
+def test_the_chapter_quotes_the_runs_at_local_batch_16_and_the_measured_split(report):
+    rows, fitted = report["rows"], report["fitted"]
+    mean = rows[("4_gpus_local_batch_16 (mean of the 3 runs)", 1)]
+    split = model.step_time(fitted, 4, 16, report["one_gpu_rate"], bucket_cap_mb=100, broadcast_buffers=False,
+                            rate_batch=64)
+    flat = model.step_time(fitted, 4, 16, report["one_gpu_rate"], bucket_cap_mb=100, broadcast_buffers=False)
+    eight = [rows[(model.run_name(r), 2)]["error"] for r in model.RUNS_16 if r["gpus"] == 8]
+    h200 = model.per_step_share(os.path.join(ROOT, "benchmarks", "results", "nvidia-h200-2026-11-26.json"))
+    with open(model.H100_RESULTS) as f:  # the two H100 rungs that measure the split
+        runs = {run["name"]: run for run in json.load(f)["runs"]}
+    big, small = (runs[name]["synthetic"] for name in model.PER_STEP_RUNGS)
+    per_sample = (64 / big - 8 / small) / (64 - 8)
+    per_step = 64 / big - 64 * per_sample
+    assert per_step / (64 / big) == pytest.approx(model.PER_STEP_SHARE)
+    quoted_in("The runs at local batch 16", f"{big:.1f}", f"{small:.1f}", f"{1e3 * per_sample:.3f}",
+              f"{1e3 * per_step:.1f}", percent(model.PER_STEP_SHARE), percent(h200), f"{1e3 * split.step:.1f}",
+              f"{mean['model']:.0f}", f"{mean['published']:.0f}", signed(flat.samples_per_s / mean["published"] - 1),
+              *map(signed, eight))
+
+
+def test_the_chapter_quotes_the_perlmutter_table_and_nccls_choice(report):
+    fitted = report["fitted"]
+    cut = model.buckets(model.unet(), 25, 1.0)
+    choices = {n: [model.algorithm(b, 4 * n, fitted) for b, _ in cut] for n in (2, 4, 8, 16, 32)}
+    smallest = sorted(range(len(cut)), key=lambda i: cut[i][0])[:2]
+    assert [i for i, a in enumerate(choices[8]) if a == "tree"] == sorted(smallest)
+    assert set(choices[16]) == set(choices[32]) == {"tree"} and set(choices[2]) == set(choices[4]) == {"ring"}
+    assert len(cut) == 8
+    times = model.nccl_times(cut[2][0], 128, fitted)
+    one_node = next(r for r in report["tables"]["perlmutter"] if r["gpus"] == 4)
+    loader = 1e3 * 64 / fitted.loader_rate
+    busy = [1e3 * model.step_time(fitted, 4 * n, 64, report["one_gpu_rate"], rate_batch=64).loader - loader
+            for n in (2, 32)]
+    first_tree = min(n for n, chosen in choices.items() if "tree" in chosen)  # the nodes the chapter names
+    all_trees = min(n for n, chosen in choices.items() if set(chosen) == {"tree"})
+    quoted_in("bs64_opt on Perlmutter", f"{100 * (1 - one_node['synthetic_efficiency']):.0f}", f"{loader:.0f}",
+              *(f"{b:.0f}" for b in busy), str(first_tree), str(all_trees),
+              f"{1e3 * times['ring'][1]:.2f}", f"{1e3 * times['tree'][1]:.2f}")
+
+
+def test_the_chapter_quotes_what_the_knobs_do_on_perlmutter(report):
+    fitted = report["fitted"]
+    knobs = {k["knobs"]: k for k in report["knobs"]["perlmutter"]}
+    baseline = knobs["bs64_opt as published (the baseline)"]
+    above = [round(100 * v) - 100 * report["published_32"]["synthetic"] for v in baseline["synthetic"]]
+    base = model.step_time(fitted, 128, 64, report["one_gpu_rate"], rate_batch=64)
+    accumulated = model.step_time(fitted, 128, 64, report["one_gpu_rate"], rate_batch=64, grad_accum_steps=2)
+    quoted_in("DDP's knobs at 32 nodes", *(f"{a:.0f}" for a in above), percent(report["published_32"]["synthetic"]),
+              f"{1e3 * accumulated.compute:.1f}", f"{1e3 * base.compute:.1f}", f"{1e3 * accumulated.exposed:.1f}",
+              f"{1e3 * base.exposed:.1f}")
+
+
+def test_the_chapter_quotes_the_dgx_h100s_rates_and_nccls_choice(report):
+    h100 = model.fitted_machine(report["fitted_share"][0], model.H100)
+    cut = model.buckets(model.unet(), 25, 1.0)
+    times = model.nccl_times(cut[2][0], 256, h100)
+    assert {model.algorithm(b, 256, h100) for b, _ in cut} == {"tree"}
+    quoted_in("DGX H100 nodes", f"{model.H100_RATE:.1f}", f"{model.H100_RATE / model.A100_RATE:.2f}",
+              f"{model.H100.loader_rate:.0f}", f"{model.H100_LOADER_MEASURED:.1f}",
+              f"{1e3 * times['ring'][1]:.2f}", f"{1e3 * times['tree'][1]:.2f}")
