@@ -167,7 +167,9 @@ def judge(evidence):
     """``(spread, verdict)`` of one result's :class:`Evidence`, by the rule of the module's docstring."""
     name, spread = noise.widest(evidence.series, noise.middle_spread if evidence.steps else noise.spread)
     spread_text = percent(spread) if name is not None else evidence.unkept
-    reasons = [f"spread {percent(spread)} ({name}) over {percent(noise.BUSY_SPREAD)}"] if spread > noise.BUSY_SPREAD else []
+    reasons = []
+    if spread > noise.BUSY_SPREAD:
+        reasons.append(f"spread {percent(spread)} ({name}) over {percent(noise.BUSY_SPREAD)}")
     reasons += noise.broken_orders({**evidence.means, **evidence.series}, evidence.above)[:1]
     if evidence.steps:
         stalled = max(((max(steps) / statistics.median(steps), key) for key, steps in evidence.series.items()
@@ -218,15 +220,16 @@ def layers_evidence(report, folder):
     """benchmarks/layers.py's report: each layer's mean of its calls (the least of its rounds), the tables of
     the step layer by layer over their profiled steps, and the host's load average as each part was done."""
     tables = list(report.get("in_step", {}).values())
-    trials = (f"{report['repeats']} calls x {plural(report.get('rounds') or 1, 'round')} a layer" if report.get("repeats")
+    rounds = report.get("rounds") or 1
+    trials = (f"{report['repeats']} calls x {plural(rounds, 'round')} a layer" if report.get("repeats")
               else "calls a layer not recorded")
     if tables:
         trials += f"; {span(table.get('steps') for table in tables)} profiled steps a step table"
     recorded = report.get("load_average") or {}
-    loads = [value for value in [recorded.get("start"), recorded.get("end"), *(table.get("load_average")
-                                                                              for table in tables)] if value is not None]
-    unkept = "the least of the rounds' means only" if (report.get("rounds") or 1) > 1 else "means only"
-    return Evidence(trials, unkept=unkept, load=(max(loads), recorded["cpus"]) if loads and recorded.get("cpus") else None)
+    loads = [recorded.get("start"), recorded.get("end"), *(table.get("load_average") for table in tables)]
+    loads = [value for value in loads if value is not None]
+    return Evidence(trials, unkept="the least of the rounds' means only" if rounds > 1 else "means only",
+                    load=(max(loads), recorded["cpus"]) if loads and recorded.get("cpus") else None)
 
 
 def scaling_evidence(report, folder):
