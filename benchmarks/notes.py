@@ -410,6 +410,7 @@ def main(argv=None):
                   "commit it.")
             return 1
         return 0
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     temporary = path + ".tmp"
     with open(temporary, "w", encoding="utf-8") as file:
         file.write(notes)

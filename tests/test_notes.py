@@ -155,3 +155,65 @@ def test_a_results_file_that_does_not_parse_stops_the_notes_and_writes_nothing(t
                             text=True, timeout=timeout_for(60))
     assert result.returncode == 2 and "nvidia-h200-2026-12-01.json is not valid JSON" in " ".join(result.stderr.split())
     assert not os.path.exists(os.path.join(root, notes.NOTES))
+
+
+def copy_folder(root, committed, change):
+    """A committed results folder's notes and JSON files under ``root``, the JSON changed by ``change(name, data)``."""
+    for name in sorted(name for name in os.listdir(os.path.join(ROOT, committed)) if name.endswith((".md", ".json"))):
+        with open(os.path.join(ROOT, committed, name)) as file:
+            text = file.read()
+        if name.endswith(".json"):
+            data = json.loads(text)
+            change(name, data)
+            text = json.dumps(data, indent=1)
+        write(root, os.path.join(committed, name), text)
+
+
+def test_a_scaling_point_whose_trials_spread_makes_its_folder_noisy(tmp_path):
+    root, folder = str(tmp_path), "benchmarks/results/scaling/cpu-vm-2-cores-2026-11-25"
+    copy_folder(root, folder, lambda name, data: None)
+    trials, spread, verdict = noise_row(root, "cpu-vm-2-cores-2026-11-25")
+    assert trials == "3 trials x 20 batches of FULL a point, 4 points" and spread.endswith("%")
+    # One rank, DDP and noddp are the same job: their trials overlap; at two ranks DDP's overhead shows.
+    assert verdict == f"quiet: spread {spread}, 1 of 2 differences inside the trials' overlap"
+
+    def spread_out(name, data):
+        if name == "ddp_2.json":
+            data["FULL"]["trial_throughput"] = [100.0, 140.0, 133.0]
+    copy_folder(root, folder, spread_out)
+    assert noise_row(root, "cpu-vm-2-cores-2026-11-25")[1:] == ["32.2%", "noisy: spread 32.2% (ddp at 2) over 20.0%"]
+
+
+def test_a_profile_with_a_stalled_step_is_noisy(tmp_path):
+    root, folder = str(tmp_path), "sample_nsys_profiles/cpu"
+    copy_folder(root, folder, lambda name, data: None)
+    assert noise_row(root, "cpu")[0] == "12 profiled steps a profile" and noise_row(root, "cpu")[2].startswith("quiet")
+
+    def stall(name, data):
+        steps = data["profiles"][1]["step_ms"]
+        steps[-1] = 3 * statistics.median(steps)
+    copy_folder(root, folder, stall)
+    verdict = noise_row(root, "cpu")[2]
+    assert verdict.startswith("noisy: a step ") and verdict.endswith(" times its series' median (gpu_inmem: step)")
+
+
+def test_the_graph_lessons_eager_and_graph_trials_are_judged_and_compared(tmp_path):
+    root, base = str(tmp_path), "benchmarks/results/graph_lesson/nvidia-h100-80gb-hbm3-2026-12-01"
+
+    def lesson(eager, graph):
+        report = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "cuda": "13.0",
+                  "date": "2026-12-01T10:00:00+00:00", "command": "python -m benchmarks.graph_lesson", "steps": 100,
+                  "trials": 3, "points": [
+                      {"setting": "launch-bound", "local_batch": 1, "eager_ms": noise.summary(eager),
+                       "graph_ms": noise.summary(graph), "speedup": statistics.median(eager) / statistics.median(graph)},
+                      {"setting": "production", "local_batch": 64, "error": "out of memory"}]}
+        write(root, base + ".json", json.dumps(report))
+        write(root, base + ".md", "Measured by `python -m benchmarks.graph_lesson` on NVIDIA H100 80GB HBM3, "
+                                  "2026-12-01T10:00:00+00:00.\n")
+        return noise_row(root, os.path.basename(base))
+
+    assert lesson([10.0, 10.2, 10.1], [7.0, 7.1, 7.05]) == [
+        "3 trials x 100 steps a side, eager and graph", "2.0%",
+        "quiet: spread 2.0%, 0 of 1 differences inside the trials' overlap"]
+    assert lesson([10.0, 10.2, 10.1], [9.9, 10.05, 10.0])[2] == (
+        "quiet: spread 2.0%, 1 of 1 differences inside the trials' overlap")
