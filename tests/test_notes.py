@@ -205,7 +205,8 @@ def test_the_graph_lessons_eager_and_graph_trials_are_judged_and_compared(tmp_pa
                   "date": "2026-12-01T10:00:00+00:00", "command": "python -m benchmarks.graph_lesson", "steps": 100,
                   "trials": 3, "points": [
                       {"setting": "launch-bound", "local_batch": 1, "eager_ms": noise.summary(eager),
-                       "graph_ms": noise.summary(graph), "speedup": statistics.median(eager) / statistics.median(graph)},
+                       "graph_ms": noise.summary(graph),
+                       "speedup": statistics.median(eager) / statistics.median(graph)},
                       {"setting": "production", "local_batch": 64, "error": "out of memory"}]}
         write(root, base + ".json", json.dumps(report))
         write(root, base + ".md", "Measured by `python -m benchmarks.graph_lesson` on NVIDIA H100 80GB HBM3, "
