@@ -57,7 +57,7 @@ needs_dali = pytest.mark.skipif(not dali_installed(), reason="needs nvidia-dali 
 
 
 def needs_cuda(reason="needs a CUDA device"):
-    """Mark a GPU-only test: skipped without CUDA, and selected by ``-m gpu`` (benchmarks/gpu_suite.sh)."""
+    """Mark a GPU-only test: skipped without CUDA, and selected by ``-m gpu`` (benchmarks/suite/gpu_suite.sh)."""
     def mark(test):
         return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason=reason)(test))
     return mark

@@ -9,7 +9,8 @@ import shutil
 
 import pytest
 
-from benchmarks import common, domain, ladder, precision, preflight, profiles, scaling
+from benchmarks import common, domain, ladder, precision, profiles, scaling
+from benchmarks.suite import preflight
 from conftest import ROOT, snapshot
 
 TOOLS = {"ladder": ladder, "profiles": profiles, "scaling": scaling}
@@ -136,7 +137,7 @@ def test_every_tool_writes_a_second_run_of_the_day_beside_the_first(tool, tmp_pa
 
 
 def test_the_preflight_writes_its_facts_outside_the_tracked_folders(tmp_path, monkeypatch, capsys):
-    """`python -m benchmarks.preflight` (this machine's facts, rewritten by every preflight) writes
+    """`python -m benchmarks.suite.preflight` (this machine's facts, rewritten by every preflight) writes
     runs/benchmarks/preflight/preflight.json (here a scratch folder in runs/benchmarks' place), says so,
     and reads it back from there; nothing goes into benchmarks/results/. --out_dir names another folder."""
     monkeypatch.setattr(common, "USER_RESULTS", str(tmp_path / "runs" / "benchmarks"))
@@ -221,13 +222,13 @@ def test_the_gpu_suite_reruns_its_stages_over_their_own_results():
     """gpu_suite.sh's stages write their results where it says (RESULTS) and redo that day's
     measurement over an earlier one of the same day: every results-writing tool gets --out_dir and
     --overwrite."""
-    with open(os.path.join(ROOT, "benchmarks", "gpu_suite.sh")) as f:
+    with open(os.path.join(ROOT, "benchmarks", "suite", "gpu_suite.sh")) as f:
         script = f.read().replace("\\\n", " ")
-    commands = re.findall(r"^ +(?:STEP_CAP=\d+ )?step \S+ \d+ .* -m benchmarks\.(\w+)(.*)$", script,
+    commands = re.findall(r"^ +(?:STEP_CAP=\d+ )?step \S+ \d+ .* -m benchmarks\.([\w.]+)(.*)$", script,
                           flags=re.M)  # the stages' tools
     # The preflight's facts (preflight.json) are this machine's now: rewritten by every preflight; the
     # cuDNN autotuning measurement prints its table into the stage's log and writes no file.
-    commands = [(tool, options) for tool, options in commands if tool not in ("preflight", "cudnn_autotune")]
+    commands = [(tool, options) for tool, options in commands if tool not in ("suite.preflight", "cudnn_autotune")]
     assert sorted(tool for tool, _ in commands) == ["graph_lesson", "ladder", "ladder", "ladder", "ladder", "layers",
                                                     "layers", "ncu_layers", "original", "original", "profiles",
                                                     "profiles", "scaling"]

@@ -10,7 +10,7 @@ What gloo cannot do on CUDA tensors (torch's ProcessGroupGloo): its send and rec
 pointer to gloo's TCP transport, without the host copy its collectives make, so the halo exchange of a
 domain mesh (batch_isend_irecv) does not run; train.py refuses the mesh over gloo on GPUs, and a test here
 sends CUDA tensors that way to show that the refusal is still needed. What stays untested without NCCL (a
-machine with two GPUs or more: the multi-gpu stage of benchmarks/gpu_suite.sh): NCCL itself, the halo
+machine with two GPUs or more: the multi-gpu stage of benchmarks/suite/gpu_suite.sh): NCCL itself, the halo
 exchange on CUDA tensors, the CUDA-graph step under DDP, and any overlap of communication with compute.
 
 The backend's choice and its refusals are checked here on the CPU; the rest needs a GPU (``-m gpu``).

@@ -1,6 +1,6 @@
 """The CUDA paths that no CPU run reaches, end to end on a GPU: the profiling window with its trace and
 memory snapshot, torch.compile's CUDA graphs, a train.py checkpoint resumed by train_graph.py, and the
-3-D convolution health line. Skipped without a GPU; benchmarks/gpu_suite.sh runs them (-m gpu)."""
+3-D convolution health line. Skipped without a GPU; benchmarks/suite/gpu_suite.sh runs them (-m gpu)."""
 import json
 import os
 import subprocess
@@ -9,7 +9,7 @@ import sys
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from benchmarks.preflight import compile_problem
+from benchmarks.suite.preflight import compile_problem
 from conftest import ROOT, needs_cuda, run_train, timeout_for
 
 pytestmark = [pytest.mark.slow]

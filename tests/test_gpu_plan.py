@@ -1,4 +1,4 @@
-"""Every command of `benchmarks/gpu_suite.sh --plan` runs on a bare machine.
+"""Every command of `benchmarks/suite/gpu_suite.sh --plan` runs on a bare machine.
 
 The commands run here, in the plan's order, as a remote GPU machine would run them: each in a fresh
 copy of the working tree (tracked and untracked-not-ignored files, and only the ignored folders the
@@ -11,7 +11,7 @@ says travels: the carried folders (.carry/wheels, the preflight's answer that th
 is DALI's parts, gathered over the commands of DALI's session: those share one HOME, and the last
 one's install is also run alone, on a bare machine, where it must say that DALI is missing and go on.
 
-DALI's parts here are packed by benchmarks/pack_dali.sh from a small real wheel of one of the
+DALI's parts here are packed by benchmarks/suite/pack_dali.sh from a small real wheel of one of the
 packages DALI imports (the transport: the unzipped site folder, the xz tar, its parts, the sha256,
 the extraction), not DALI's 254 MB of wheels; this machine's DALI (CPU mode) is what then imports.
 """
@@ -29,10 +29,10 @@ import zipfile
 
 import pytest
 
-from benchmarks import suite_plan
+from benchmarks.suite import plan as suite_plan
 from conftest import ROOT, timeout_for
 
-PACK = os.path.join(ROOT, "benchmarks", "pack_dali.sh")
+PACK = os.path.join(ROOT, "benchmarks", "suite", "pack_dali.sh")
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ sys.meta_path.insert(0, _Lacking())
 
 
 def plan_output(*args):
-    result = subprocess.run([os.path.join(ROOT, "benchmarks", "gpu_suite.sh"), "--plan", *args], cwd=ROOT,
+    result = subprocess.run([os.path.join(ROOT, "benchmarks", "suite", "gpu_suite.sh"), "--plan", *args], cwd=ROOT,
                             env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=timeout_for(120))
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
@@ -101,7 +101,7 @@ def machine(tmp_path_factory):
     carried = base / "checkout"  # the ignored folders of the developer's checkout
     (carried / ".carry" / "wheels").mkdir(parents=True)
     wheel_of("ruamel.yaml", carried / ".carry" / "wheels")
-    # DALI's parts as benchmarks/pack_dali.sh packs them, from a wheel of makefun (which DALI imports).
+    # DALI's parts as benchmarks/suite/pack_dali.sh packs them, from a wheel of makefun (which DALI imports).
     dali_wheels = base / "dali"
     dali_wheels.mkdir()
     wheel_of("makefun", dali_wheels)
@@ -224,7 +224,7 @@ def test_without_the_install_a_later_command_fails_at_its_imports(machine, plan)
 def test_the_last_dali_command_on_a_new_machine_says_what_is_missing_and_goes_on(machine, plan):
     _, run = machine
     [(_, command, carry)] = [entry for entry in plan_commands(plan) if entry[0].endswith("the dali stage")]
-    status, output, _ = run(command.replace("benchmarks/gpu_suite.sh dali", "echo dali stage runs"), carry)
+    status, output, _ = run(command.replace("benchmarks/suite/gpu_suite.sh dali", "echo dali stage runs"), carry)
     assert status == 0 and "DALI not installed: a part is missing" in output and "dali stage runs" in output
 
 
@@ -239,13 +239,13 @@ def test_the_last_dali_command_refuses_a_broken_part(machine, plan):
         if k == 1:
             part[len(part) // 2] ^= 1
         (home / "carry" / f"site.tar.xz.{k - 1}").write_bytes(part)
-    status, output, _ = run(command.replace("benchmarks/gpu_suite.sh dali", "echo dali stage runs"), carry, home=home)
+    status, output, _ = run(command.replace("benchmarks/suite/gpu_suite.sh dali", "echo dali stage runs"), carry, home=home)
     assert status == 0 and "site.tar.xz: FAILED" in output and "DALI not installed" in output
     assert "dali stage runs" in output and not (home / "site" / "makefun").exists()
 
 
 def test_the_packer_keeps_one_python_and_its_parts_rejoin_into_the_checked_tar(tmp_path):
-    """benchmarks/pack_dali.sh on local wheels: one site folder of all of them, DALI's backends for other
+    """benchmarks/suite/pack_dali.sh on local wheels: one site folder of all of them, DALI's backends for other
     Pythons than the GPU machine's 3.12 left out, the xz tar cut into parts, its sha256 in the last part's folder."""
     wheels = tmp_path / "wheels"
     wheels.mkdir()

@@ -1,7 +1,7 @@
 """The device prefetcher and gradient accumulation on a GPU: the copy of batch k+1 overlaps step k (CUDA
 events on both streams), the batches are the host loader's, the hand-over never makes the host wait,
 and train.py trains alike with the prefetcher on and off, and with K micro-batches (channels_last and
-bf16 AMP on). Skipped without a GPU; benchmarks/gpu_suite.sh runs them (-m gpu). tests/test_prefetch.py
+bf16 AMP on). Skipped without a GPU; benchmarks/suite/gpu_suite.sh runs them (-m gpu). tests/test_prefetch.py
 and tests/test_accumulation.py check the same logic on the CPU."""
 import functools
 

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_suite.sh runs its stages on the GPU it is on and says what each measures, where it writes
+"""benchmarks/suite/gpu_suite.sh runs its stages on the GPU it is on and says what each measures, where it writes
 and how long it took on an H100 (the committed logs); for a remote GPU machine with a time limit, its plan (no
 GPU needed) prints sessions that each fit the machine's time, the preflight first, and ready-to-paste commands,
 each inside the budget the script enforces; the script runs what the plan prices; a stage packs what it
@@ -16,10 +16,11 @@ import time
 
 import pytest
 
-from benchmarks import ladder, suite_plan
+from benchmarks import ladder
+from benchmarks.suite import plan as suite_plan
 from conftest import ROOT, timeout_for
 
-SUITE = os.path.join(ROOT, "benchmarks", "gpu_suite.sh")
+SUITE = os.path.join(ROOT, "benchmarks", "suite", "gpu_suite.sh")
 STAGES = ["headline", "preflight", "ladder", "profiles", "tests-gpu", "tests-compile", "tests-distributed", "scaling",
           "dali", "graph-lesson", "multi-gpu", "nsys-probe"]
 
@@ -81,7 +82,7 @@ def test_the_plan_fits_its_sessions_most_valuable_first_each_command_installing_
     assert [carry.split(", ")[-1] for _, carry, _ in dali] == [f".carry/{k}" for k in range(1, suite_plan.DALI_PARTS + 1)]
     assert [command["what"] for command in sessions[3]] == [what for what, _, _ in dali]
     assert "sha256sum -c --quiet site.sha256 && " in dali[-1][2] and "tar xJf site.tar.xz" in dali[-1][2]
-    assert dali[-1][2].endswith("benchmarks/gpu_suite.sh dali")
+    assert dali[-1][2].endswith("benchmarks/suite/gpu_suite.sh dali")
     # Each session: its start, its commands' budgets and transfers, and the idle after the last, within the
     # device time of a session, with a margin.
     totals = re.findall(r"^session (\d+): about [\d.]+ min of commands and transfers \((\d+) s of transfers, "
@@ -213,7 +214,7 @@ def test_the_plan_copies_the_preflights_answer_from_where_the_suite_writes_it(pl
 
 def test_the_overview_gives_each_stages_time_from_the_committed_logs():
     """Every stage's time on an H100 is the one its committed log ends with, or "not measured"."""
-    output = subprocess.run([sys.executable, "-m", "benchmarks.suite_plan", "--overview", *STAGES], cwd=ROOT,
+    output = subprocess.run([sys.executable, "-m", "benchmarks.suite.plan", "--overview", *STAGES], cwd=ROOT,
                             capture_output=True, text=True, timeout=timeout_for(60)).stdout
     assert re.findall(r"^  ([\w-]+): ", output, flags=re.M) == STAGES
     for stage in STAGES:
@@ -255,7 +256,7 @@ def test_help_prints_the_usage():
     assert result.stdout.startswith("The tutorial's GPU measurements and checks, in stages, on the GPU this runs on")
     for stage in STAGES:
         assert re.search(rf"^  {stage} +\S", result.stdout, flags=re.M), stage
-    assert "sbatch " in result.stdout and '--wrap "PYTHON=.venv/bin/python benchmarks/gpu_suite.sh"' in result.stdout
+    assert "sbatch " in result.stdout and '--wrap "PYTHON=.venv/bin/python benchmarks/suite/gpu_suite.sh"' in result.stdout
     assert "On a remote GPU machine with a time limit" in result.stdout and "lease" not in result.stdout
     assert "set -uo" not in result.stdout
     # No stage named: all of them, on this machine's GPU; without one, refused before anything runs.
@@ -406,7 +407,7 @@ def test_the_headline_starts_a_step_only_where_its_price_still_fits(tmp_path):
     assert all(left < need == needs[name] for name, (left, need) in skipped.items())
     assert all(int(limit) >= needs[name] for name, limit in started.items())
     summary = packed(tmp_path, "headline")["summary.txt"]
-    assert summary.startswith("# benchmarks/gpu_suite.sh headline, ") and "\ntorch: " in summary
+    assert summary.startswith("# benchmarks/suite/gpu_suite.sh headline, ") and "\ntorch: " in summary
     assert "step layers: status 0 in " in summary
     for name, (left, need) in skipped.items():
         assert f"step {name}: not run ({left} s left of the budget, it needs about {need} s)" in summary
@@ -451,3 +452,26 @@ def descendants(pid):
             found.append(child)
             todo.append(child)
     return found
+
+
+def pytest_counts(log):
+    """{outcome: count} of the last pytest summary line in a committed log ("1 failed, 14 passed, 1 skipped, ...")."""
+    text = open(os.path.join(suite_plan.COMMITTED_LOGS, log)).read()
+    summary = re.findall(r"^(\d+ (?:passed|failed).*) in [\d.]+s", text, flags=re.M)[-1]
+    return {outcome: count for count, outcome in re.findall(r"(\d+) (passed|failed|skipped)", summary)}
+
+
+def test_the_tests_chapter_quotes_the_committed_gpu_test_logs():
+    """docs/08-tests.md's table of the GPU tests gives each stage's counts as its committed log ends them."""
+    import quotes
+
+    section = quotes.section("docs/08-tests.md", "The GPU tests")
+    rows = {row.split("|")[1].strip(): row for row in section.splitlines() if row.startswith("| `")}
+    for stage, log in (("`tests-gpu`", "gpu_suite-tests-gpu-2026-11-25.log"),
+                       ("`tests-compile`", "gpu_suite-tests-compile-2026-11-25.log"),
+                       ("`dali` (DALI's GPU tests)", "gpu_suite-dali-2026-11-26.log")):
+        counts = pytest_counts(log)
+        assert counts, log
+        quotes.assert_quoted(rows[stage], *counts.values())
+    # tests/test_metrics.py whole on the H100 after the fix
+    quotes.assert_quoted(rows["`tests-gpu`"], pytest_counts("tests-metrics-rerun-2026-11-25.log")["passed"])

@@ -1,5 +1,5 @@
 """benchmarks/graph_lesson.py: what runs without a GPU (its settings, the eager side's timing, the table and
-the refusal); the graph side and the numbers need a CUDA GPU (benchmarks/gpu_suite.sh)."""
+the refusal); the graph side and the numbers need a CUDA GPU (benchmarks/suite/gpu_suite.sh)."""
 import argparse
 import json
 

@@ -16,8 +16,8 @@ SCRIPTS = ("train.py", "train_graph.py")
 def project_modules():
     """``{dotted name: path}`` of every module of the project (tests excluded: nothing imports them)."""
     paths = [os.path.join(ROOT, script) for script in SCRIPTS]
-    for package in PACKAGES:
-        paths += glob.glob(os.path.join(ROOT, package, "*.py"))
+    for package in PACKAGES:  # sub-packages too (benchmarks/suite/)
+        paths += glob.glob(os.path.join(ROOT, package, "**", "*.py"), recursive=True)
     modules = {}
     for path in paths:
         name = os.path.relpath(path, ROOT)[:-len(".py")].replace(os.sep, ".")
@@ -93,7 +93,17 @@ def closed_path(graph, group):
 def test_the_project_has_no_import_circle():
     graph = import_graph()
     assert "benchmarks.common" in graph["benchmarks.ladder"]  # the graph sees the benchmarks' shared module
+    assert "benchmarks.ladder" in graph["benchmarks.suite.plan"]  # and the sub-packages' modules
     assert circles(graph) == []
+
+
+def test_the_learners_tools_do_not_import_the_gpu_suite():
+    """benchmarks/suite/ (the GPU suite's machinery) runs the tools of benchmarks/; no tool needs it."""
+    graph = import_graph()
+    suite = {name for name in graph if name.startswith("benchmarks.suite")}
+    assert "benchmarks.suite.plan" in suite
+    assert {name: sorted(graph[name] & suite) for name in graph
+            if name not in suite and graph[name] & suite} == {}
 
 
 def test_the_check_finds_a_circle_through_deferred_imports():

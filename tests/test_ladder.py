@@ -1,5 +1,5 @@
 """benchmarks/ladder.py runs its rungs with train.py's own builders and writes the result files;
-benchmarks/gpu_suite.sh, which runs it on a GPU, refuses a machine without one."""
+benchmarks/suite/gpu_suite.sh, which runs it on a GPU, refuses a machine without one."""
 import argparse
 import json
 import os
@@ -32,10 +32,10 @@ def test_cpu_preset_writes_json_markdown_and_log(tmp_path, synthetic_data_dir):
 def test_gpu_suite_refuses_to_run_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    result = subprocess.run([os.path.join(ROOT, "benchmarks", "gpu_suite.sh"), "ladder"], cwd=ROOT,
+    result = subprocess.run([os.path.join(ROOT, "benchmarks", "suite", "gpu_suite.sh"), "ladder"], cwd=ROOT,
                             env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=timeout_for(60))
     assert result.returncode == 2 and "sees no CUDA GPU" in result.stderr and "--preset cpu" in result.stderr
-    bad = subprocess.run([os.path.join(ROOT, "benchmarks", "gpu_suite.sh"), "ladders"], cwd=ROOT,
+    bad = subprocess.run([os.path.join(ROOT, "benchmarks", "suite", "gpu_suite.sh"), "ladders"], cwd=ROOT,
                          capture_output=True, text=True, timeout=timeout_for(60))
     assert bad.returncode == 2 and "unknown stage 'ladders'" in bad.stderr
 

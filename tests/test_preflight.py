@@ -1,4 +1,4 @@
-"""benchmarks/preflight.py, the GPU suite's first command: on this CPU machine it runs its CPU half for
+"""benchmarks/suite/preflight.py, the GPU suite's first command: on this CPU machine it runs its CPU half for
 real and names what it skipped; its compiler check finds a missing compiler or Python.h."""
 import json
 import os
@@ -9,7 +9,8 @@ import time
 import pytest
 import torch
 
-from benchmarks import ladder, preflight
+from benchmarks import ladder
+from benchmarks.suite import preflight
 from conftest import ROOT, timeout_for
 
 
@@ -17,7 +18,7 @@ def test_the_cpu_half_runs_and_names_what_it_skipped(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the GPU half runs instead")
     out = tmp_path / "preflight.json"
-    result = subprocess.run([sys.executable, "-m", "benchmarks.preflight", "--out_dir", str(tmp_path)], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "benchmarks.suite.preflight", "--out_dir", str(tmp_path)], cwd=ROOT,
                             capture_output=True, text=True, timeout=timeout_for(120))
     assert result.returncode == 0, result.stdout + result.stderr
     printed = [line for line in result.stdout.splitlines() if line.startswith("preflight: ")]
@@ -85,7 +86,7 @@ def test_each_check_is_written_as_it_finishes(tmp_path):
     """A preflight stopped at its step's limit keeps what it found: preflight.json holds each check by the time
     its line is printed, long before the end (nsys's probe, the slowest check, comes last)."""
     out = tmp_path / "preflight.json"
-    process = subprocess.Popen([sys.executable, "-m", "benchmarks.preflight", "--out_dir", str(tmp_path)], cwd=ROOT,
+    process = subprocess.Popen([sys.executable, "-m", "benchmarks.suite.preflight", "--out_dir", str(tmp_path)], cwd=ROOT,
                                stdout=subprocess.PIPE, text=True)
     seen = {}
     for text in process.stdout:
@@ -122,7 +123,7 @@ def test_the_16_bit_convolutions_findings_and_the_precision_that_runs(monkeypatc
 def test_a_file_for_the_output_folder_is_refused_in_one_paragraph(tmp_path):
     taken = tmp_path / "taken"
     taken.write_text("a file of the user's\n")
-    result = subprocess.run([sys.executable, "-m", "benchmarks.preflight", "--out_dir", str(taken)], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "benchmarks.suite.preflight", "--out_dir", str(taken)], cwd=ROOT,
                             capture_output=True, text=True, timeout=timeout_for(120))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     message = " ".join(result.stderr.split())  # wrapped to the terminal's width

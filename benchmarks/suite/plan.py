@@ -1,12 +1,12 @@
-"""The stages of ``benchmarks/gpu_suite.sh``: their steps and prices, an overview of each (what it measures,
+"""The stages of ``benchmarks/suite/gpu_suite.sh``: their steps and prices, an overview of each (what it measures,
 where it writes, its time in the committed logs), and the commands that run them on a remote GPU machine
 with a time limit, in sessions, each command with its budget.
 
-    benchmarks/gpu_suite.sh --plan             # = python -m benchmarks.suite_plan --limit 540
-    benchmarks/gpu_suite.sh --plan --gpus 4    # the multi-GPU checks, for a machine with 4 GPUs
-    python -m benchmarks.suite_plan --overview ladder profiles   # what gpu_suite.sh prints before it runs
+    benchmarks/suite/gpu_suite.sh --plan             # = python -m benchmarks.suite.plan --limit 540
+    benchmarks/suite/gpu_suite.sh --plan --gpus 4    # the multi-GPU checks, for a machine with 4 GPUs
+    python -m benchmarks.suite.plan --overview ladder profiles   # what gpu_suite.sh prints before it runs
 
-Runs anywhere, no GPU needed. On your own GPU, ``benchmarks/gpu_suite.sh`` runs the stages without a
+Runs anywhere, no GPU needed. On your own GPU, ``benchmarks/suite/gpu_suite.sh`` runs the stages without a
 plan. The plan is for a remote machine where a session has 15 minutes of GPU time in all
 (:data:`SESSION_S`): the machine's start (1-2 minutes), every command (10 minutes at most), the
 transfers, and the 30 s of idle after the last command, when the machine is released. So the plan is
@@ -20,7 +20,7 @@ back (a machine goes back 30 seconds after a command ends, and may be replaced b
 two commands), and each command stands on its own: it starts by installing the small wheels it
 carries (ruamel.yaml, which every script imports) into a fresh folder, reads nothing an earlier
 command left on the machine, and returns its results from ``$OUT``. DALI, too large for one command,
-travels as ``benchmarks/pack_dali.sh`` packs it: its wheels unzipped into one site folder, in one
+travels as ``benchmarks/suite/pack_dali.sh`` packs it: its wheels unzipped into one site folder, in one
 tar compressed with xz, cut into :data:`DALI_PARTS` parts. The parts gather on the machine over the
 DALI session's commands, one part each; the last command checks the tar's sha256, extracts it and
 runs the dali stage (DALI's tests, its profile, its rung). Each command is priced: its stages'
@@ -156,7 +156,7 @@ DISTRIBUTED_TESTS = [("tests/dist_worker.py's variants (DDP and its knobs, comm 
                      ("pytest's start and collection", 10)]
 DALI_TESTS = [("tests/test_data_loader_dali.py on the GPU: two loaders compared (no train.py runs)", 20),
               ("pytest's start and collection", 10)]
-# DALI for CUDA 13 and what it imports: 254 MB of wheels, unzipped and packed by benchmarks/pack_dali.sh into a
+# DALI for CUDA 13 and what it imports: 254 MB of wheels, unzipped and packed by benchmarks/suite/pack_dali.sh into a
 # tar.xz of 167 MB, carried in parts of 56 MiB.
 DALI_PARTS = 3
 DALI_INSTALL_S = 20   # joining the parts, their sha256 and tar xJf: the extraction took 7.9 s on an H200 (2026-11-26)
@@ -479,7 +479,7 @@ def stage_estimate(stage_steps):
 
 def suite(stages):
     """The command that runs these stages of gpu_suite.sh, the small wheels installed first."""
-    return f"{INSTALL} && benchmarks/gpu_suite.sh {' '.join(stages)}"
+    return f"{INSTALL} && benchmarks/suite/gpu_suite.sh {' '.join(stages)}"
 
 
 def dali_commands(parts=DALI_PARTS):
@@ -493,7 +493,7 @@ def dali_commands(parts=DALI_PARTS):
                f"\"{SITE}\") || echo 'DALI not installed: a part is missing (a new machine?) or broken; the dali stage "
                "runs without it'")
     commands.append((f"DALI, part {parts} of {parts}, its install, and the dali stage",
-                     f"{INSTALL} && {{ {install}; }} && benchmarks/gpu_suite.sh dali",
+                     f"{INSTALL} && {{ {install}; }} && benchmarks/suite/gpu_suite.sh dali",
                      [WHEELS, CARRIED_PREFLIGHT, f".carry/{parts}"], DALI_INSTALL_S, DALI_PART_TRANSFER_S))
     return commands
 
@@ -667,12 +667,12 @@ def main(argv=None):
         print("\nOne GPU runs DDP, FSDP and accumulation with two ranks over gloo (stage tests-distributed; NCCL "
               "refuses two ranks on one GPU). NCCL itself, domain [2,1,1] with its halo exchange on CUDA tensors, "
               "the CUDA-graph step under DDP and the weak-scaling points past one GPU are the plan for a machine "
-              "with several GPUs: benchmarks/gpu_suite.sh --plan --gpus 4.")
+              "with several GPUs: benchmarks/suite/gpu_suite.sh --plan --gpus 4.")
     last = f".carry/{DALI_PARTS}"
     print(f"\nBefore the first session, in the ignored folder .carry/: the wheels of {', '.join(SMALL_WHEELS)} for "
           f"the machine's Python 3.12 in {WHEELS}/ (python -m pip download --no-deps --only-binary=:all: "
           f"--python-version 3.12 --platform manylinux2014_x86_64 -d {WHEELS} {' '.join(SMALL_WHEELS)})"
-          + (f"; before DALI's session, DALI: benchmarks/pack_dali.sh (its wheels from PyPI, unzipped into one "
+          + (f"; before DALI's session, DALI: benchmarks/suite/pack_dali.sh (its wheels from PyPI, unzipped into one "
              f"site folder, a tar.xz of it cut into {DALI_PARTS} parts in .carry/1 .. {last}, the tar's sha256 in "
              f"{last}/site.sha256; xz -9 takes about 3 min on 2 cores); check them here with: cat .carry/[0-9]*/"
              f"site.tar.xz.? | sha256sum (the sum in {last}/site.sha256)"

@@ -1,12 +1,12 @@
 """The GPU suite's first command: in about 30 seconds, what every later stage relies on.
 
-    python -m benchmarks.preflight                 # the stage benchmarks/gpu_suite.sh preflight runs
+    python -m benchmarks.suite.preflight                 # the stage benchmarks/suite/gpu_suite.sh preflight runs
 
 It prints each check's line and rewrites ``preflight.json`` as each check finishes (a preflight
 stopped at its limit keeps what it found), in ``runs/benchmarks/preflight/`` (ignored by git, as
 every benchmark tool's results) or the folder ``--out_dir`` names (the suite's results folder);
 the last line says where. The facts that decide what the later stages of
-``benchmarks/gpu_suite.sh`` do are re-derived by those stages in seconds (the compiler, DALI,
+``benchmarks/suite/gpu_suite.sh`` do are re-derived by those stages in seconds (the compiler, DALI,
 where the convolutions run), since a later command may find a bare machine; the nsys probe's
 answer travels when its preflight.json is carried (``--plan`` says how):
 
@@ -203,7 +203,7 @@ def line(facts, key):
     if key == "missing_requirements":
         return ("requirements.txt: all importable" if not facts["missing_requirements"] else
                 f"requirements.txt: NOT importable: {', '.join(facts['missing_requirements'])} -- train.py and "
-                "every stage need them: carry their wheels (benchmarks/gpu_suite.sh --plan)")
+                "every stage need them: carry their wheels (benchmarks/suite/gpu_suite.sh --plan)")
     if key == "compile_problem":
         return ("torch.compile: " + ("can build (C compiler and Python.h found)" if not facts["compile_problem"]
                                      else "NO: " + facts["compile_problem"]))
@@ -226,7 +226,7 @@ def line(facts, key):
     if key == "dali":
         return (f"DALI: {facts['dali']}" if facts["dali"] else
                 "DALI: not importable (the DALI rung and tests run in the command that installs it: "
-                "benchmarks/gpu_suite.sh --plan)")
+                "benchmarks/suite/gpu_suite.sh --plan)")
     if key == "nsys":
         nsys = facts["nsys"]
         if not nsys["path"]:
@@ -249,7 +249,7 @@ def lines(facts):
 
 
 def decisions(facts):
-    """What the later stages of benchmarks/gpu_suite.sh do, given these facts."""
+    """What the later stages of benchmarks/suite/gpu_suite.sh do, given these facts."""
     compiles = facts["compile_problem"] is None
     nsys = facts["nsys"].get("report")
     slow = [precision for precision, found in facts.get("conv3d", {}).items()
@@ -319,7 +319,7 @@ def main(argv=None):
 
 
 def read(path=None):
-    """The preflight's facts on this machine (in ``path``, by default where ``python -m benchmarks.preflight``
+    """The preflight's facts on this machine (in ``path``, by default where ``python -m benchmarks.suite.preflight``
     writes them), or None when it has not run here."""
     path = path or os.path.join(user_folder("preflight"), FILE)
     try:

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # The tutorial's GPU measurements and checks, in stages, on the GPU this runs on:
 #
-#   benchmarks/gpu_suite.sh                   every stage, one after the other, on this machine's GPU(s);
-#                                             it prints what each stage measures, where its results go and
-#                                             how long it took on an H100 (from the committed logs), then
-#                                             each stage's status, time and results
-#   benchmarks/gpu_suite.sh ladder profiles   the stages named, in that order
-#   benchmarks/gpu_suite.sh --help            this text
+#   benchmarks/suite/gpu_suite.sh                   every stage, one after the other, on this machine's GPU(s);
+#                                                   it prints what each stage measures, where its results go and
+#                                                   how long it took on an H100 (from the committed logs), then
+#                                                   each stage's status, time and results
+#   benchmarks/suite/gpu_suite.sh ladder profiles   the stages named, in that order
+#   benchmarks/suite/gpu_suite.sh --help            this text
 #
 # In a Slurm job (submit_pm.sh runs train.py on every rank, so the suite is its own one-task job; use your
 # account, and the partition or constraint of a GPU node):
 #
 #   sbatch -A your_account_g -C gpu -N 1 -n 1 --gpus-per-node=4 --cpus-per-task=32 --time=01:00:00 \
-#          -J gpu_suite -o gpu_suite-%j.out --wrap "PYTHON=.venv/bin/python benchmarks/gpu_suite.sh"
+#          -J gpu_suite -o gpu_suite-%j.out --wrap "PYTHON=.venv/bin/python benchmarks/suite/gpu_suite.sh"
 #
 # The stages:
 #   headline          the numbers that decide, most valuable first, each step packed as it ends: the layers plain
@@ -20,7 +20,7 @@
 #                     --exact_forms=auto); the best rung compiled with the forms auto and off (SYNTHETIC and FULL);
 #                     the original's train.py for two epochs; Nsight Compute on the first and last layers
 #                     (benchmarks.ncu_layers); the committed best rung again, as this machine's anchor; summary.txt
-#   preflight         python -m benchmarks.preflight: what the later stages rely on
+#   preflight         python -m benchmarks.suite.preflight: what the later stages rely on
 #   ladder            python -m benchmarks.ladder --group ladder: the GPU-resident rungs, each adding one thing
 #   ladder-alone      python -m benchmarks.ladder --group alone: the GPU-resident rungs measured alone
 #   batch-sweep       the ladder's top rung at local batch 64, 128 and 256, with peak memory
@@ -59,9 +59,9 @@
 #
 # On a remote GPU machine with a time limit per command and per session:
 #
-#   benchmarks/gpu_suite.sh --plan            the commands to send, in order, in sessions of 15 minutes
-#                                             of GPU time, with budgets (no GPU needed)
-#   benchmarks/gpu_suite.sh --plan --gpus 4   the plan for a machine with 4 GPUs
+#   benchmarks/suite/gpu_suite.sh --plan            the commands to send, in order, in sessions of 15 minutes
+#                                                   of GPU time, with budgets (no GPU needed)
+#   benchmarks/suite/gpu_suite.sh --plan --gpus 4   the plan for a machine with 4 GPUs
 #
 # There each stage has a budget (BUDGET below, at most STAGE_LIMIT, then 540 s: such a machine's
 # commands end at 600 s): its steps check the time left before they start (a step that cannot finish is
@@ -79,10 +79,10 @@
 # The tools write where RESULTS says (--out_dir, with --overwrite: a stage redoes that day's
 # measurement); run alone, without --out_dir, they write under runs/benchmarks/.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # the repository's top-level folder
 
 PYTHON=${PYTHON:-python3}
-RESULTS=${RESULTS:-runs/benchmarks/gpu_suite}  # where results go (benchmarks/suite_plan.py's SUITE_RESULTS)
+RESULTS=${RESULTS:-runs/benchmarks/gpu_suite}  # where results go (benchmarks/suite/plan.py's SUITE_RESULTS)
 DATA_DIR=${DATA_DIR:-data/benchmark}  # the benchmarks' synthetic data set, made where missing
 PREFLIGHT=$RESULTS/preflight.json
 CARRIED_PREFLIGHT=.carry/preflight/preflight.json
@@ -93,7 +93,7 @@ PACK_RESERVE=15           # seconds kept at the end of a budget to pack
 OUT_FILES=8 OUT_MIB=60 PART_MIB=15  # what a remote machine returns: 8 files of 16 MiB, 64 MiB together
 export PYTHONUNBUFFERED=1
 
-# Seconds per stage and per step: priced by benchmarks/suite_plan.py (--plan shows both; a test keeps
+# Seconds per stage and per step: priced by benchmarks/suite/plan.py (--plan shows both; a test keeps
 # these equal to its figures).
 declare -A BUDGET=([headline]=530 [preflight]=40 [ladder]=520 [ladder-alone]=390 [batch-sweep]=430 [original]=530
                    [profiles]=530 [tests-gpu]=280 [tests-compile]=170 [tests-distributed]=470 [graph-lesson]=200
@@ -279,7 +279,7 @@ PYTEST=(-m pytest -q -ra -p no:cacheprovider --durations=15)
 
 headline_header() {
     # What the headline's numbers depend on: the commit, the date, the device and its software.
-    echo "# benchmarks/gpu_suite.sh headline, $(date -u +%FT%TZ), commit" \
+    echo "# benchmarks/suite/gpu_suite.sh headline, $(date -u +%FT%TZ), commit" \
          "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}${CPU_CHECK:+, CPU_CHECK=1}"
     "$PYTHON" -c 'import platform, torch
 from benchmarks.common import device_name, software
@@ -377,7 +377,7 @@ stage_headline() {
 }
 
 stage_preflight() {
-    step preflight 20 "$PYTHON" -m benchmarks.preflight --out_dir "$RESULTS" --nsys_timeout 30  # writes $PREFLIGHT
+    step preflight 20 "$PYTHON" -m benchmarks.suite.preflight --out_dir "$RESULTS" --nsys_timeout 30  # writes $PREFLIGHT
 }
 
 stage_ladder() {
@@ -473,7 +473,7 @@ stage_graph-lesson() {
 }
 
 stage_dali() {
-    # Run in the command that installs DALI (benchmarks/pack_dali.sh's parts, gathered on the machine over
+    # Run in the command that installs DALI (benchmarks/suite/pack_dali.sh's parts, gathered on the machine over
     # the DALI session's commands, the last extracted into the site folder on PYTHONPATH):
     # DALI's GPU tests first (30 s; on one H100 the host loaders' rungs alone took 234 s of the budget),
     # then its profile (the profiles stage has no DALI), then the ladder's DALI rung (where DALI imports)
@@ -606,7 +606,7 @@ stage_nsys-probe() {
 
 case "${1:-}" in
     --help|-h) usage; exit 0 ;;
-    --plan) shift; exec "$PYTHON" -m benchmarks.suite_plan --limit "$STAGE_LIMIT" "$@" ;;
+    --plan) shift; exec "$PYTHON" -m benchmarks.suite.plan --limit "$STAGE_LIMIT" "$@" ;;
     "") set -- $STAGES ;;  # every stage, on this machine's GPU(s)
     -*) echo "gpu_suite.sh: unknown option '$1' (--plan, --help; or name stages: $STAGES)" >&2; exit 2 ;;
 esac
@@ -614,15 +614,15 @@ for stage in "$@"; do
     [[ " $STAGES " == *" $stage "* ]] || { echo "gpu_suite.sh: unknown stage '$stage' ($STAGES; or --plan, --help)" >&2; exit 2; }
     if [ "$stage" != preflight ] && [ -z "$CPU_CHECK" ] && [ "$(cuda_gpus)" = 0 ]; then
         echo "gpu_suite.sh: error: PyTorch ($PYTHON) sees no CUDA GPU, and stage $stage measures one. On a CPU" \
-             "run 'benchmarks/gpu_suite.sh preflight', 'python -m benchmarks.ladder --preset cpu' and" \
+             "run 'benchmarks/suite/gpu_suite.sh preflight', 'python -m benchmarks.ladder --preset cpu' and" \
              "'python -m benchmarks.profiles --preset cpu' (or CPU_CHECK=1 to check the stages' set-up)." >&2
         exit 2
     fi
 done
 
 note "stages: $*; results under $RESULTS/. What each measures, where it writes, and its time in the committed logs:"
-"$PYTHON" -m benchmarks.suite_plan --overview "$@" --results "$RESULTS" 2>/dev/null ||
-    note "(no overview: $PYTHON cannot import benchmarks.suite_plan)"
+"$PYTHON" -m benchmarks.suite.plan --overview "$@" --results "$RESULTS" 2>/dev/null ||
+    note "(no overview: $PYTHON cannot import benchmarks.suite.plan)"
 mkdir -p "$RESULTS"
 [ -n "${OUT:-}" ] && mkdir -p "$OUT"
 RUN_STAMP=$(mktemp)  # what this invocation writes is newer
@@ -641,7 +641,7 @@ for STAGE in "$@"; do
     trap 'on_signal SIGTERM 143' TERM
     trap 'on_signal SIGINT 130' INT
     {
-        echo "# benchmarks/gpu_suite.sh $STAGE, $(date -u +%FT%TZ), budget $budget s, commit" \
+        echo "# benchmarks/suite/gpu_suite.sh $STAGE, $(date -u +%FT%TZ), budget $budget s, commit" \
              "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}${CPU_CHECK:+, CPU_CHECK=1}"
         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
     } > "$log"

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # DALI for a remote GPU machine (Python 3.12, x86-64, CUDA 13), in parts that its commands carry one at a
-# time (benchmarks/suite_plan.py's DALI session): the wheels unzipped into one site folder, DALI's
+# time (benchmarks/suite/plan.py's DALI session): the wheels unzipped into one site folder, DALI's
 # backend for Pythons other than 3.12 left out, the folder in one tar compressed with xz -9, cut into
 # parts in .carry/1, .carry/2, ... (ignored by git), the tar's sha256 in the last part's folder. Run
 # from the repository's top-level folder:
 #
-#   benchmarks/pack_dali.sh                     DALI for CUDA 13 and what it imports, from PyPI
-#   benchmarks/pack_dali.sh NAME==VERSION ...   other wheels, from PyPI
-#   benchmarks/pack_dali.sh --wheels DIR        the wheels already in DIR (no download)
-#   benchmarks/pack_dali.sh --part-mb N         parts of at most N MiB (default 56)
-#   benchmarks/pack_dali.sh --parts N           N parts of equal size instead (at most 10)
+#   benchmarks/suite/pack_dali.sh                     DALI for CUDA 13 and what it imports, from PyPI
+#   benchmarks/suite/pack_dali.sh NAME==VERSION ...   other wheels, from PyPI
+#   benchmarks/suite/pack_dali.sh --wheels DIR        the wheels already in DIR (no download)
+#   benchmarks/suite/pack_dali.sh --part-mb N         parts of at most N MiB (default 56)
+#   benchmarks/suite/pack_dali.sh --parts N           N parts of equal size instead (at most 10)
 #
 # DALI's 254 MB of wheels make a tar.xz of 167 MB, 3 parts of 56 MiB, in about 3 minutes on 2 cores.
 # On the GPU machine, the parts gathered in one folder: cat site.tar.xz.? > site.tar.xz && sha256sum -c
@@ -66,6 +66,6 @@ echo "${#found[@]} wheels, $(du -sm .carry/pack/site | cut -f1) MiB unzipped: si
      "(the last also holds site.sha256):"
 rm -rf .carry/pack
 du -sh .carry/[0-9]*
-planned=$(sed -n 's/^DALI_PARTS = \([0-9]*\).*/\1/p' "$(dirname "$0")/suite_plan.py")
+planned=$(sed -n 's/^DALI_PARTS = \([0-9]*\).*/\1/p' "$(dirname "$0")/plan.py")
 [ "$planned" = "$k" ] ||
-    echo "pack_dali.sh: benchmarks/suite_plan.py carries DALI_PARTS = $planned parts, not $k: change one" >&2
+    echo "pack_dali.sh: benchmarks/suite/plan.py carries DALI_PARTS = $planned parts, not $k: change one" >&2
