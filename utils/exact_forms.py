@@ -55,17 +55,29 @@ def layout(*tensors):
     return torch.channels_last_3d if channels_last else torch.contiguous_format
 
 
-def parity_grid(parities, shifts):
-    """``parities`` (N, 8C, T_d, T_h, T_w), channel ``(4 a_d + 2 a_h + a_w) C + c``, viewed as the spatial
-    tensor's voxels (N, C, M_d, 2, M_h, 2, M_w, 2), voxel ``q = 2m + r`` per axis: parity ``a = r`` at
-    ``t = m + shift r``, ``M = T - shift``. One strided view of either layout, no copy (per axis the offset
-    ``r S_a + (m + shift r) S_t`` is linear in m and r)."""
+def strides_of(shape, memory_format):
+    """The strides of a 5-d tensor of ``shape`` stored in ``memory_format`` (contiguous or channels_last_3d),
+    as ``torch.empty`` makes them: computed, not read, because torch 2.4's compiler refuses ``.stride()``
+    inside an autograd.Function."""
+    fastest_first = (1, 4, 3, 2, 0) if memory_format == torch.channels_last_3d else (4, 3, 2, 1, 0)
+    strides, step = [0] * 5, 1
+    for axis in fastest_first:
+        strides[axis], step = step, step * shape[axis]
+    return strides
+
+
+def parity_grid(parities, shifts, memory_format):
+    """``parities`` (N, 8C, T_d, T_h, T_w), stored in ``memory_format``, channel ``(4 a_d + 2 a_h + a_w) C + c``,
+    viewed as the spatial tensor's voxels (N, C, M_d, 2, M_h, 2, M_w, 2), voxel ``q = 2m + r`` per axis: parity
+    ``a = r`` at ``t = m + shift r``, ``M = T - shift``. One strided view of either layout, no copy (per axis the
+    offset ``r S_a + (m + shift r) S_t`` is linear in m and r)."""
     n, channels, *sides = parities.shape
-    strides = parities.view(n, 2, 2, 2, channels // 8, *sides).stride()  # (N, a_d, a_h, a_w, C, t_d, t_h, t_w)
-    size, stride = [n, channels // 8], [strides[0], strides[4]]
+    stride_n, stride_c, *stride_t = strides_of(parities.shape, memory_format)
+    per_parity = channels // 8 * stride_c  # parity a_w's stride; a_h's is twice it, a_d's four times
+    size, stride = [n, channels // 8], [stride_n, stride_c]
     for axis, shift in enumerate(shifts):
         size += [sides[axis] - shift, 2]
-        stride += [strides[5 + axis], strides[1 + axis] + shift * strides[5 + axis]]
+        stride += [stride_t[axis], (4 >> axis) * per_parity + shift * stride_t[axis]]
     return parities.as_strided(size, stride)  # from the storage offset of parities
 
 
@@ -78,7 +90,7 @@ def voxel_pairs(x):
 def from_parities(parities, shifts, memory_format):
     """The spatial tensor (N, C, 2M_d, 2M_h, 2M_w) of :func:`parity_grid`, in ``memory_format``: one copy
     (depth to space; parities that fall outside, the sub-pixel form's crop, are never read)."""
-    grid = parity_grid(parities, shifts)
+    grid = parity_grid(parities.contiguous(memory_format=memory_format), shifts, memory_format)  # no copy if so
     n, channels, *sizes = grid.shape
     output = torch.empty(n, channels, *[2 * side for side in sizes[::2]], dtype=parities.dtype,
                          device=parities.device, memory_format=memory_format)
@@ -97,7 +109,7 @@ def to_parities(x, shifts, sides, memory_format):
         if shift:
             blocks.select(1 + axis, 1).narrow(4 + axis, 0, 1).zero_()
             blocks.select(1 + axis, 0).narrow(4 + axis, sides[axis] - 1, 1).zero_()
-    parity_grid(parities, shifts).copy_(voxel_pairs(x))
+    parity_grid(parities, shifts, memory_format).copy_(voxel_pairs(x))
     return parities
 
 
@@ -238,7 +250,9 @@ class SubPixelTransposedConv:
     def weight(weight):
         """(in, out, 4, 4, 4) -> (8 out, in, 2, 2, 2): ``v[a out + o, i][t] = w[i, o][3 - 2t - a]`` per axis."""
         in_channels, out_channels = weight.shape[:2]
-        blocks = weight.flip(2, 3, 4).reshape(in_channels, out_channels, 2, 2, 2, 2, 2, 2)  # (i, o, t_d, a_d, ...)
+        # Flipping a side of 4, k -> 3 - k with k = 2t + a, flips both t and a: done after the reshape, as one flip
+        # (torch 2.4's compiler computes a wrong gradient for a flip, then a reshape and a permute).
+        blocks = weight.reshape(in_channels, out_channels, 2, 2, 2, 2, 2, 2).flip(2, 3, 4, 5, 6, 7)  # (i, o, t_d, a_d, ...)
         v = blocks.permute(3, 5, 7, 1, 0, 2, 4, 6).reshape(8 * out_channels, in_channels, 2, 2, 2)
         return v.contiguous(memory_format=layout(weight))
 
