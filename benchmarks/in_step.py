@@ -53,6 +53,9 @@ LAYER = "layer: "
 BACKWARD = "autograd::engine::evaluate_function: "
 OPTIMISER = ("Optimizer.step#", "Optimizer.zero_grad#")
 COMPILED_GRAPH = "## Call CompiledFxGraph"  # on a CPU its own time is that of the graph's fused C++ kernels
+# Torch 2.4 has no range of its own around a compiled graph's call: its fused kernels' time is then the own
+# time of AOTAutograd's ranges around the call (CompiledFunction, CompiledFunctionBackward).
+OLDER_COMPILED_GRAPH = "CompiledFunction"
 FUSED = "compiled graph (its fused kernels)"
 LAYOUT_KERNEL = re.compile(r"nchwToNhwc|nhwcToNchw|transpose|permute", re.I)
 CONV_KERNEL = re.compile(r"conv|xmma|implicit_gemm|dgrad|wgrad|fprop|cudnn|cutlass", re.I)
@@ -172,19 +175,26 @@ def convolution_shapes(model, inputs, layers):
     return found
 
 
+def compiled_graph_range(events):
+    """The name (a prefix) of the ranges whose own CPU time is a compiled graph's fused kernels, in the torch
+    that recorded ``events``."""
+    return COMPILED_GRAPH if any(event.name.startswith(COMPILED_GRAPH) for event in events) else OLDER_COMPILED_GRAPH
+
+
 def units(events, cuda):
     """``(name, microseconds, launching CPU event)`` of each piece of timed work: the kernels on a GPU; on a
     CPU, each operator's own time (its children's excluded) and a compiled graph's own time (its fused
     kernels), ranges of Python code (``layer: ...``, ``Optimizer...``, autograd's nodes) left out, their
     time being that of the operators inside them."""
+    graph = compiled_graph_range(events)
     for event in events:
         if event.device_type != torch.autograd.DeviceType.CPU:
             continue
         if cuda:
             for kernel in event.kernels:
                 yield kernel.name, kernel.duration, event
-        elif event.self_cpu_time_total > 0 and event.name.startswith(("aten::", COMPILED_GRAPH)):
-            yield FUSED if event.name.startswith(COMPILED_GRAPH) else event.name, event.self_cpu_time_total, event
+        elif event.self_cpu_time_total > 0 and event.name.startswith(("aten::", graph)):
+            yield FUSED if event.name.startswith(graph) else event.name, event.self_cpu_time_total, event
 
 
 def attribute(events, layer_names, cuda, layer_of_shapes=None):
@@ -267,7 +277,7 @@ def profile_step(step, inputs, targets, layers, device, steps=3, warmup=2, layer
     # check that the rows lose nothing and count nothing twice.
     profiled = device_kernel_us(events) if cuda else sum(
         entry.self_cpu_time_total for entry in profiler.key_averages()
-        if entry.key.startswith(("aten::", COMPILED_GRAPH)))
+        if entry.key.startswith(("aten::", compiled_graph_range(events))))
     table["profiled_ms"], table["attributed_ms"] = profiled / steps / 1e3, worked / steps / 1e3
     return table
 
