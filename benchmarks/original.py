@@ -74,6 +74,10 @@ ORIGINAL_RUNS = [
     {"name": "DALI, 8 workers, AMP fp16, FusedAdam (stand-in), JIT (short_opt's settings)",
      "flags": ["--data_loader_config=dali-lowmem", "--num_data_workers=8", *ORIGINAL_FP16_APEX_JIT], "dali": True},
 ]
+# The original README's benchy FULL samples/s on one A100-40GB (batch 64, 64^3 crops), by its rung's name:
+# what docs/03's ladder puts beside this project's nearest rungs.
+PUBLISHED_A100_FULL = {"baseline, 2 workers": 83, "16 workers": 167, "DALI": 578, "DALI + AMP fp16": 666,
+                       "DALI + AMP + apex + JIT": 684}
 # This project's ladder rungs, by the text their names hold: the baseline first.
 DEFAULT_RUNGS = ("baseline: lowmem, 2 workers", "+ fused Adam", "+ channels_last", "+ CUDA graph (train_graph.py)",
                  "+ compile's CUDA graphs", "DALI")

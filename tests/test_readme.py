@@ -158,6 +158,27 @@ def test_quoted_benchmark_numbers_are_those_of_the_results_file_linked():
     assert checked >= 7, "the tutorial quotes the CPU ladder, the CPU scaling run and the DDP knobs"
 
 
+def test_the_ladder_table_puts_the_h100_and_h200_beside_the_originals_a100():
+    """docs/03's one ladder table: each rung's FULL and MFU on the H100 and the H200 are those of their results
+    files, and the original's A100 cells are its README's benchy FULL (benchmarks/original.py)."""
+    from benchmarks.original import PUBLISHED_A100_FULL
+    text = quotes.section("docs/03-profiling-and-optimisation.md", "The optimisation ladder")
+    header, rows = table_rows("\n" + text[text.index("| rung | H100 FULL"):])
+    files = {"H100": "benchmarks/results/nvidia-h100-80gb-hbm3-2026-11-25.md",
+             "H200": "benchmarks/results/nvidia-h200-2026-11-26.md"}
+    measured = {device: results_table(path)[1] for device, path in files.items()}
+    assert list(rows) == list(measured["H100"]) == list(measured["H200"])  # every rung, in the ladder's order
+    original = header[-1]
+    for name, cells in rows.items():
+        for device, table in measured.items():
+            assert cells[f"{device} FULL"] == table[name]["FULL"], (device, name)
+            assert cells[f"{device} MFU (full)"] == table[name]["MFU (full)"], (device, name)
+        if cells[original]:
+            rung, full = cells[original].rsplit(": ", 1)
+            assert PUBLISHED_A100_FULL[rung] == float(full), (name, cells[original])
+    assert sum(bool(cells[original]) for cells in rows.values()) == 3
+
+
 def test_every_cpu_scaling_command_names_its_ranks():
     """Without --ranks the CPU preset runs 1, 2, 4, ... up to every core of the machine: ten torchrun runs on
     a 16-core GPU node. The README's CPU commands name the sizes they were measured with (the GPU
