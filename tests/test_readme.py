@@ -51,15 +51,11 @@ def resolve(path, target):
 
 
 def section(heading):
-    """The text under ``heading`` (a whole heading line, e.g. "### Large-batch convergence") up to the
-    next heading of the same or a higher level, in whichever file of the tutorial holds it."""
-    level = heading.split(" ", 1)[0]
-    for text in FILES.values():
-        match = re.search(rf"^{re.escape(heading)}\n", text, flags=re.M)
-        if match:
-            end = re.search(rf"^#{{1,{len(level)}}} ", text[match.end():], flags=re.M)
-            return text[match.end():match.end() + end.start()] if end else text[match.end():]
-    raise AssertionError(f"no file of the tutorial has the heading {heading!r}")
+    """The text under ``heading`` (a whole heading line, e.g. "### Large-batch convergence") in whichever file
+    of the tutorial holds it (tests/quotes.py's section)."""
+    found = [path for path, text in FILES.items() if re.search(rf"^{re.escape(heading)}$", text, flags=re.M)]
+    assert found, f"no file of the tutorial has the heading {heading!r}"
+    return quotes.section(found[0], heading.split(" ", 1)[1])
 
 
 def anchors(text):
