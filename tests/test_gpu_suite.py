@@ -155,6 +155,29 @@ def test_the_script_enforces_the_plans_budgets_and_runs_what_it_prices():
     assert "--no_production --extra=--exact_forms=off" in commands["graph-lesson"]
 
 
+def test_the_plan_prices_auto_s_decision_once_a_ladder_stage_as_the_ladder_makes_it():
+    """benchmarks/ladder.py's first rung with --exact_forms=auto decides; the rungs after it and the batch sweep take
+    its layers (ladder_options): the plan prices the decision (shape probe and timing) on that rung alone, and the
+    forms' own autotuning on the others."""
+    decision, forms = suite_plan.SETUP_S["auto"], suite_plan.SETUP_S["forms"]
+    assert decision > forms > 0
+    rows = suite_plan.ladder_rows("ladder")
+    assert [what for what, _ in rows if "auto decides" in what] == [
+        "+ compile's CUDA graphs (reduce-overhead) (a process of its own; --exact_forms=auto decides for the rungs "
+        "after it)"]
+    seconds = {what.split(" (a process of its own")[0]: price for what, price in rows}
+    # The compiled rungs differ in what they pay for the forms alone (the same trials, the same compilation).
+    assert seconds["+ compile's CUDA graphs (reduce-overhead)"] - seconds["+ torch.compile"] == pytest.approx(decision)
+    assert seconds["+ exact forms"] - seconds["+ torch.compile"] == pytest.approx(forms)
+    # The batch-sweep stage: its top rung decides, its sweep takes the layers.
+    top = ladder.LADDER_RUNGS[-1]
+    sweep = suite_plan.ladder_rows("ladder", only=suite_plan.SWEEP_RUNG, sweep=(128,))
+    assert [what for what, _ in sweep[1:2]] == [what for what, _ in rows if "auto decides" in what]
+    deciding = suite_plan.rung_setup(top.options, top.script, 128) + suite_plan.trial_seconds(
+        top.options, suite_plan.LADDER["nbatches"], suite_plan.LADDER["ntrials"], suite_plan.LADDER["nwarmup"], 128)
+    assert sweep[-1][1] == pytest.approx(deciding - decision + forms)
+
+
 def shell_array(name):
     """A bash array of gpu_suite.sh as its GPU branch sets it (the first assignment), its words."""
     return shlex.split(re.search(rf"\b{name}=\((.*?)\)", script().split("\nelse\n", 1)[1]).group(1))

@@ -95,7 +95,7 @@ export PYTHONUNBUFFERED=1
 
 # Seconds per stage and per step: priced by benchmarks/suite/plan.py (--plan shows both; a test keeps
 # these equal to its figures).
-declare -A BUDGET=([headline]=530 [preflight]=40 [ladder]=520 [ladder-alone]=390 [batch-sweep]=430 [original]=530
+declare -A BUDGET=([headline]=530 [preflight]=40 [ladder]=530 [ladder-alone]=390 [batch-sweep]=410 [original]=530
                    [profiles]=530 [tests-gpu]=280 [tests-compile]=170 [tests-distributed]=470 [graph-lesson]=200
                    [nsys-probe]=180 [scaling]=110 [dali]=390 [multi-gpu]=210)
 STAGES="headline preflight ladder ladder-alone batch-sweep profiles tests-gpu tests-compile tests-distributed scaling"
@@ -384,14 +384,14 @@ stage_ladder() {
     # The cumulative ladder's GPU-resident rungs, each in a process of its own; the compile rungs skip
     # themselves, with the reason, where torch.compile cannot build; DALI's and the host loaders' are the
     # dali stage's, the rungs alone the ladder-alone stage's.
-    step ladder 460 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group ladder --data_dir "$DATA_DIR" \
+    step ladder 500 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group ladder --data_dir "$DATA_DIR" \
         --out_dir "$RESULTS" --overwrite --batch_sweep "${LADDER_SIZES[@]}"  # the sweep is the batch-sweep stage's
 }
 
 stage_batch-sweep() {
     # The ladder's top rung (everything together) at the base config's local batch of 64, then at 128 and 256,
     # with peak memory (64 is the top rung's own measurement: not measured twice).
-    step batch-sweep 380 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group ladder --only "compile's CUDA graphs" \
+    step batch-sweep 360 "$PYTHON" -m benchmarks.ladder --preset "$PRESET" --group ladder --only "compile's CUDA graphs" \
         --data_dir "$DATA_DIR" --out_dir "$RESULTS/batch-sweep" --overwrite --batch_sweep 128 256 "${LADDER_SIZES[@]}"
 }
 

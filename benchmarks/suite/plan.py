@@ -247,6 +247,13 @@ RESERVED_RUNGS = [ladder.Rung("lowmem, 8 workers + device prefetch (room kept fo
                               nbatches=5)]
 
 
+# How the plan prices the ladder's rungs after the first with --exact_forms=auto: that rung decides (its shape probe
+# and the timing of both forms), and benchmarks/ladder.py passes its list of layers to the later rungs and the batch
+# sweep (ladder_options). The list is unknown before the run: priced as every layer's form, --exact_forms=on's own
+# autotuning without the decision.
+DECIDED_FORMS = "on"
+
+
 # The batch-sweep stage's rung (the ladder's --only): the ladder's top rung, everything together.
 SWEEP_RUNG = "compile's CUDA graphs"
 
@@ -258,25 +265,30 @@ SWEEP_BATCHES = (128, 256)
 def ladder_rows(group, nbatches=LADDER["nbatches"], ntrials=LADDER["ntrials"], nwarmup=LADDER["nwarmup"], batch=64,
                 only="", sweep=(), room=None):
     """A ladder stage's rows: the data set, then each rung's process as the ladder runs it (its options as
-    ladder_options completes them), then the sweep's batches. With ``room`` (seconds), the rungs past it are not
+    ladder_options completes them: the first rung with ``--exact_forms=auto`` decides, the later ones take its
+    layers, :data:`DECIDED_FORMS`), then the sweep's batches. With ``room`` (seconds), the rungs past it are not
     priced but named in one row: the ladder measures from the top down, so a budget cuts its last rungs."""
     rows = [("make the 256^3 data set and its .npy copies", SETUP_S["data"])]
-    rungs = [rung for rung in ladder.rungs_for("gpu", dali=True, group=group) if only in rung.name]
+    rungs = ladder.select_rungs(ladder.rungs_for("gpu", dali=True, group=group), [only] if only else [],
+                                f"--group {group}")
     if group == "loaders" and not any("--device_prefetch=true" in rung.options for rung in rungs):
         rungs = rungs + RESERVED_RUNGS
-    processes = []
+    processes, decided = [], None
     for rung in rungs:
-        options = ladder.ladder_options(rung, True)
+        options = ladder.ladder_options(rung, True, decided)
+        deciding = decided is None and "--exact_forms=auto" in options
+        decided = DECIDED_FORMS if deciding else decided
         size = 8 if "--global_batch_size=8" in " ".join(options) else batch
         batches = min(nbatches, rung.nbatches or nbatches)
-        processes.append((rung.name, f"{rung.name} (a process of its own)", rung_setup(options, rung.script, size)
+        what = f"{rung.name} (a process of its own{'; --exact_forms=auto decides for the rungs after it' * deciding})"
+        processes.append((rung.name, what, rung_setup(options, rung.script, size)
                           + trial_seconds(options, batches, ntrials, nwarmup, size)))
     rows = within(rows, processes, room, "measured last, from the top down")
     top = ladder.LADDER_RUNGS[-1]
+    options = ladder.ladder_options(top, True, decided)
     for size in sweep:  # the local-batch sweep at the best rung measured, priced as the top rung
         rows.append((f"the batch sweep: the best rung at local batch {size} (a process of its own)",
-                     rung_setup(top.options, top.script, size) + trial_seconds(top.options, nbatches, ntrials,
-                                                                              nwarmup, size)))
+                     rung_setup(options, top.script, size) + trial_seconds(options, nbatches, ntrials, nwarmup, size)))
     return rows
 
 
