@@ -53,7 +53,7 @@ from utils.YParams import load_params
 from utils.compiler import compile_problem
 from utils.distributed import World, parallelize
 from utils.conv3d import AMP_DTYPES, conv_backends, known_issues, on_cudnn, running_precision
-from utils.errors import exit_on_user_error
+from utils.errors import UserError, exit_on_user_error
 from utils.exact_forms import option_text
 from utils.flops import resolve_peak_flops, unet_flops_per_sample
 from utils.losses import build_loss
@@ -167,6 +167,19 @@ def rungs_for(preset, dali=None, group="all"):
     if group in ("ladder", "alone"):  # a part of the GPU-resident rungs, for a session too short for all
         return [rung for rung in rungs if rung.table == group and "--data_loader_config=gpu-inmem" in rung.options]
     return [rung for rung in rungs if ("--data_loader_config=gpu-inmem" in rung.options) == (group == "gpu")]
+
+
+def select_rungs(rungs, fragments, where):
+    """The ``rungs`` whose names hold any of ``fragments`` (``--only``; all of them where none is given), in
+    their order. A fragment that no rung's name holds is the user's error: ``where`` says which rungs were
+    searched (the preset and group)."""
+    unmatched = [fragment for fragment in fragments if not any(fragment in rung.name for rung in rungs)]
+    if unmatched:
+        names = "; ".join(f'"{rung.name}"' for rung in rungs) or "none"
+        raise UserError(f"--only {' '.join(map(repr, unmatched))}: no rung of {where} has a name that holds "
+                        f"{'it' if len(unmatched) == 1 else 'them'}. Its rungs: {names}. Pass a part of one of these "
+                        "names (several parts: --only A B), or another --preset or --group.")
+    return [rung for rung in rungs if not fragments or any(fragment in rung.name for fragment in fragments)]
 
 
 PRESETS = {
@@ -443,7 +456,8 @@ def main(argv=None):
     parser.add_argument("--nbatches", type=int, default=20, help="batches per trial")
     parser.add_argument("--ntrials", type=int, default=3)
     parser.add_argument("--nwarmup", type=int, default=1)
-    parser.add_argument("--only", default="", help="run only rungs whose name contains this text")
+    parser.add_argument("--only", nargs="+", default=[], metavar="TEXT",
+                        help="run only the rungs whose names hold one of these parts (--only A B: either)")
     parser.add_argument("--group", choices=["all", "gpu", "ladder", "alone", "loaders"], default="all",
                         help="gpu: the GPU-resident loader's rungs (ladder: those of the ladder and the batch sweep; "
                         "alone: those measured alone); loaders: DALI's and the host loaders'")
@@ -461,7 +475,10 @@ def main(argv=None):
     preset = PRESETS[args.preset]
     device = torch.device("cuda" if args.preset == "gpu" else "cpu")
     check_preset(args.preset)
-    rungs = [rung for rung in rungs_for(args.preset, group=args.group) if args.only in rung.name]
+    no_dali = args.preset == "gpu" and not dali_importable()
+    rungs = select_rungs(rungs_for(args.preset, group=args.group), args.only,
+                         f"--preset {args.preset} --group {args.group}" + " here (no DALI rung: nvidia.dali is not "
+                         "installed)" * no_dali)
 
     name = device_name(device.type == "cuda")
     stamp = datetime.datetime.now(datetime.timezone.utc)

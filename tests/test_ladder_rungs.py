@@ -120,5 +120,25 @@ def test_the_batch_sweep_runs_at_the_best_measured_rung_and_is_skipped_on_a_cpu_
     assert "The local-batch sweep at the best rung: not measured with --preset cpu" in table
 
 
+def test_only_takes_several_parts_of_names_and_refuses_one_that_names_no_rung(tmp_path, capsys):
+    """--only A B: the rungs whose names hold either, in the ladder's order; a part that no rung's name holds ends
+    the run before it writes anything, naming the rungs it could have meant."""
+    rungs = ladder.rungs_for("cpu")
+    picked = ladder.select_rungs(rungs, ["gpu-inmem", "48 symmetries"], "--preset cpu")
+    assert [rung.name for rung in picked] == ["lowmem: 48 symmetries, velocities turned, 2 workers",
+                                              "gpu-inmem on CPU tensors"]
+    assert ladder.select_rungs(rungs, [], "--preset cpu") == rungs
+    assert [rung.name for rung in ladder.select_rungs(rungs, ["inmem"], "--preset cpu")] == [
+        "inmem, 2 workers", "gpu-inmem on CPU tensors"]
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit:
+        ladder.main(["--preset", "cpu", "--only", "gpu-inmem", "inmem, 2", "no such rung", "--out_dir", str(out)])
+    error = " ".join(capsys.readouterr().err.split())
+    assert exit.value.code == 2 and not out.exists()
+    assert error.startswith("error: --only 'no such rung': no rung of --preset cpu --group all has a name")
+    assert all(f'"{rung.name}"' in error for rung in rungs) and "--only A B" in error
+    assert "'gpu-inmem'" not in error and "'inmem, 2'" not in error  # the parts that match are not the problem
+
+
 def test_a_domain_case_that_cannot_be_split_is_named():
     assert domain.skipped_cases([128, 256], [1, 2, 4], 64) == [(128, 4)]
