@@ -8,7 +8,8 @@ Each point is one real run, ``torchrun --standalone --nproc_per_node=N train.py 
 fixed, so N ranks train N times the samples per step, and ideal scaling is N times the throughput
 of one. ``--global_batch_size=G`` measures strong scaling instead: G samples per step at every
 size, G / N per rank, so that more ranks finish the same work sooner. Each size runs twice, with DDP and with ``--noddp`` (no gradient all-reduce): the gap
-between the two is what communication costs that the backward pass does not hide.
+between the two is what communication costs that the backward pass does not hide. ``--mode ddp`` or
+``--mode noddp`` runs one of the two alone (the table's overhead column needs both).
 
 ``--ddp_options`` tries DDP's knobs on the DDP runs. The results go to
 ``benchmarks/results/scaling/<device>-<date>/``, followed by the options that change what is
@@ -46,6 +47,8 @@ PRESETS = {
     "cpu": {"options": ["--config=demo", "--data_loader_config=gpu-inmem", "--device=cpu", "--exact_forms=off"],
             "local_batch": 8, "box": 128, "threads": 1, "unit": "CPU ranks (one core each)"},
 }
+# --mode: the runs at each size.
+MODES = {"both": ("ddp", "noddp"), "ddp": ("ddp",), "noddp": ("noddp",)}
 TRIALS = "IO: {{nbatches: {n}, ntrials: {t}, nwarmup: {w}}}\nsynthetic: {{nbatches: {n}, ntrials: {t}, " \
          "nwarmup: {w}}}\nfull: {{nbatches: {n}, ntrials: {t}, nwarmup: {w}}}\n"
 
@@ -126,6 +129,8 @@ def main(argv=None):
     parser.add_argument("--extra", default="", help="more train.py options for every run, e.g. '--amp_mode=bf16'")
     parser.add_argument("--ddp_options", default="", help="DDP's knobs, for the DDP runs only (the --noddp runs "
                         "send no gradients), e.g. '--bucket_cap_mb=100 --ddp_comm_hook=bf16'")
+    parser.add_argument("--mode", choices=MODES, default="both", help="the runs at each size: ddp (DDP's gradient "
+                        "all-reduce), noddp (--noddp: none) or both (default; the overhead column needs both)")
     args = parser.parse_args(argv)
 
     preset = PRESETS[args.preset]
@@ -134,6 +139,8 @@ def main(argv=None):
     if args.global_batch_size and (args.local_batch_size or any(args.global_batch_size % n for n in ranks)):
         parser.error(f"--global_batch_size={args.global_batch_size} must divide over every size ({ranks}), "
                      "and replaces --local_batch_size")
+    if args.ddp_options and args.mode == "noddp":
+        parser.error("--ddp_options sets DDP's knobs, and --mode noddp runs no DDP: leave out one of the two")
     name = device_name(args.preset == "gpu")
     stamp = datetime.datetime.now(datetime.timezone.utc)
     out_dir = args.out_dir or free_name(os.path.join(results_folder(args, "benchmarks/results/scaling", "scaling"),
@@ -157,7 +164,7 @@ def main(argv=None):
              "command": "python -m benchmarks.scaling " + shlex.join(sys.argv[1:] if argv is None else argv),
              "points": []}
     for n in ranks:
-        for mode in ("ddp", "noddp"):
+        for mode in MODES[args.mode]:
             name = f"{mode}_{n}"
             command = point_command(preset, args, n, mode, train_path, val_path)
             env["BENCHY_OUTPUT"] = os.path.join(out_dir, name)
@@ -176,7 +183,7 @@ def main(argv=None):
             write_summary(out_dir, index)  # after every point: a stage stopped at its time limit keeps them
     with open(os.path.join(out_dir, "README.md")) as f:
         print(f.read())
-    if args.preset == "cpu" and not args.global_batch_size and not args.ddp_options and not args.extra:
+    if args.preset == "cpu" and args.mode == "both" and not (args.global_batch_size or args.ddp_options or args.extra):
         print(compare_efficiency(out_dir))
     print(f"Results in {relative(out_dir)}; plot them with `{plot_command(out_dir)}`.")
     return index

@@ -62,6 +62,22 @@ def test_a_failed_point_is_recorded_and_the_others_kept(synthetic_data_dir, tmp_
     assert figures.scaling_figures(str(tmp_path), str(tmp_path)) == []
 
 
+def test_mode_runs_only_the_ddp_or_only_the_noddp_points(synthetic_data_dir, tmp_path, capsys):
+    """--mode ddp or noddp: one run per size, of that mode alone (here runs that train.py refuses at once: the
+    points are what counts); --ddp_options with --mode noddp tunes nothing and is refused before anything runs."""
+    for mode in ("ddp", "noddp"):
+        out = tmp_path / mode
+        index = scaling.main(["--preset", "cpu", "--ranks", "1", "--mode", mode, "--data_dir", str(synthetic_data_dir),
+                              "--out_dir", str(out), "--work_dir", str(tmp_path / "work"), "--extra=--crop_size=31"])
+        assert [(point["mode"], point["ranks"]) for point in index["points"]] == [(mode, 1)]
+        assert sorted(path.name for path in out.glob("*.log")) == [f"{mode}_1.log"]
+    with pytest.raises(SystemExit) as refused:
+        scaling.main(["--preset", "cpu", "--ranks", "1", "--mode", "noddp", "--ddp_options=--bucket_cap_mb=100",
+                      "--data_dir", str(synthetic_data_dir), "--out_dir", str(tmp_path / "refused")])
+    assert refused.value.code == 2 and "--mode noddp runs no DDP" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()
+
+
 def test_ddp_options_reach_the_ddp_runs_only_and_name_the_folder():
     """--noddp runs send no gradients, and train.py refuses DDP's knobs with --noddp."""
     args = argparse.Namespace(nbatches=2, ntrials=1, nwarmup=1, work_dir="scratch", extra="--amp_mode=bf16",
