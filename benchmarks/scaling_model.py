@@ -1110,7 +1110,8 @@ def report(out_dir, image=None):
                   f"(the mean of two epochs). Inputs: one A100 computes {A100_RATE:.0f} samples/s (synthetic "
                   f"--noddp), its loader delivers {PERLMUTTER.loader_rate:.0f} (the loader-alone ideal line).\n\n"
                   + check_text(rows) + "\n"),
-        "cpu": (f"# The model against this project's CPU measurements\n\n{made} The step times are "
+        "cpu": ("# The demo model's DDP step on 2 CPU ranks: predicted from gloo's profiles, against measured\n\n"
+                f"{made} The step times are "
                 f"[{CPU_SCALING}](../{CPU_SCALING}/README.md)'s; the gloo profiles are "
                 "[two-ranks-one-machine](../allreduce/two-ranks-one-machine.md) and "
                 "[two-nodes-slurm](../allreduce/two-nodes-slurm.md).\n\n" + cpu_markdown(cpu) + "\n"),
