@@ -198,7 +198,8 @@ def test_which_files_each_tool_counts_as_its_own():
 
 
 def test_an_empty_folder_is_used_and_overwrite_replaces_the_results(tmp_path, synthetic_data_dir):
-    """Without rungs to run (--only matches none) the tools still check, clean and write their index."""
+    """Without rungs to run (the profiles' --only matches none; the CPU preset has no ladder rungs measured alone)
+    the tools still check, clean and write their index."""
     empty = tmp_path / "empty"
     empty.mkdir()
     assert profiles.main(["--preset", "cpu", "--only", "no such rung", "--out_dir", str(empty), "--data_dir",
@@ -209,7 +210,7 @@ def test_an_empty_folder_is_used_and_overwrite_replaces_the_results(tmp_path, sy
     base = out / ladder_base()
     for suffix in (".json", ".md", ".log"):
         base.with_suffix(suffix).write_text("earlier\n")
-    ladder.main(["--preset", "cpu", "--only", "no such rung", "--out_dir", str(out), "--data_dir",
+    ladder.main(["--preset", "cpu", "--group", "alone", "--out_dir", str(out), "--data_dir",
                  str(synthetic_data_dir), "--overwrite"])
     report = json.loads(base.with_suffix(".json").read_text())
     assert report["runs"] == [] and report["command"].endswith("--overwrite")
