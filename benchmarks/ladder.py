@@ -170,16 +170,22 @@ def rungs_for(preset, dali=None, group="all"):
 
 
 def select_rungs(rungs, fragments, where):
-    """The ``rungs`` whose names hold any of ``fragments`` (``--only``; all of them where none is given), in
-    their order. A fragment that no rung's name holds is the user's error: ``where`` says which rungs were
-    searched (the preset and group)."""
-    unmatched = [fragment for fragment in fragments if not any(fragment in rung.name for rung in rungs)]
-    if unmatched:
+    """``(selected, elsewhere)``: the ``rungs`` whose names hold any of ``fragments`` (``--only``; all of them where
+    none is given), in their order, and the fragments that name none of them but a rung of another preset or group
+    (or DALI's, left out where DALI is not installed): those select nothing here. A fragment that names no rung at
+    all is the user's error; ``where`` says which rungs were searched (the preset and group)."""
+    def named(fragment, pool):
+        return any(fragment in rung.name for rung in pool)
+
+    unknown = [fragment for fragment in fragments if not named(fragment, CPU_RUNGS + GPU_RUNGS + DALI_RUNGS
+                                                                + HOST_LOADER_RUNGS)]
+    if unknown:
         names = "; ".join(f'"{rung.name}"' for rung in rungs) or "none"
-        raise UserError(f"--only {' '.join(map(repr, unmatched))}: no rung of {where} has a name that holds "
-                        f"{'it' if len(unmatched) == 1 else 'them'}. Its rungs: {names}. Pass a part of one of these "
-                        "names (several parts: --only A B), or another --preset or --group.")
-    return [rung for rung in rungs if not fragments or any(fragment in rung.name for fragment in fragments)]
+        raise UserError(f"--only {' '.join(map(repr, unknown))}: no rung has a name that holds "
+                        f"{'it' if len(unknown) == 1 else 'them'}. The rungs of {where}: {names}. Pass a part of one "
+                        "of these names (several parts: --only A B), or another --preset or --group.")
+    selected = [rung for rung in rungs if not fragments or any(fragment in rung.name for fragment in fragments)]
+    return selected, [fragment for fragment in fragments if not named(fragment, rungs)]
 
 
 PRESETS = {
@@ -475,10 +481,9 @@ def main(argv=None):
     preset = PRESETS[args.preset]
     device = torch.device("cuda" if args.preset == "gpu" else "cpu")
     check_preset(args.preset)
-    no_dali = args.preset == "gpu" and not dali_importable()
-    rungs = select_rungs(rungs_for(args.preset, group=args.group), args.only,
-                         f"--preset {args.preset} --group {args.group}" + " here (no DALI rung: nvidia.dali is not "
-                         "installed)" * no_dali)
+    where = f"--preset {args.preset} --group {args.group}" + " here (no DALI rung: nvidia.dali is not installed)" * (
+        args.preset == "gpu" and not dali_importable())
+    rungs, elsewhere = select_rungs(rungs_for(args.preset, group=args.group), args.only, where)
 
     name = device_name(device.type == "cuda")
     stamp = datetime.datetime.now(datetime.timezone.utc)
@@ -491,6 +496,11 @@ def main(argv=None):
     os.makedirs(out_dir, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(message)s",
                         handlers=[logging.StreamHandler(sys.stdout), logging.FileHandler(base + ".log")])
+
+    if elsewhere:
+        logging.warning("--only %s: no rung of %s; %s a rung of another preset or group: none measured for %s",
+                        " ".join(map(repr, elsewhere)), where, "names" if len(elsewhere) == 1 else "each names",
+                        "it" if len(elsewhere) == 1 else "them")
 
     train_path, val_path = make_data(args.data_dir, preset["box"])
     common = [*preset["options"], f"--train_path={train_path}", f"--val_path={val_path}",

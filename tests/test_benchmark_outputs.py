@@ -197,9 +197,9 @@ def test_which_files_each_tool_counts_as_its_own():
     assert not any(scaling.written_here(name) for name in ("ddp_x.json", "ddp_1.png", "scaling.png"))
 
 
-def test_an_empty_folder_is_used_and_overwrite_replaces_the_results(tmp_path, synthetic_data_dir):
-    """Without rungs to run (the profiles' --only matches none; the CPU preset has no ladder rungs measured alone)
-    the tools still check, clean and write their index."""
+def test_an_empty_folder_is_used_and_overwrite_replaces_the_results(tmp_path, synthetic_data_dir, caplog):
+    """Without rungs to run (--only matches none here; for the ladder, a rung of the GPU preset's, as gpu_suite.sh's
+    CPU check passes it) the tools still check, clean and write their index."""
     empty = tmp_path / "empty"
     empty.mkdir()
     assert profiles.main(["--preset", "cpu", "--only", "no such rung", "--out_dir", str(empty), "--data_dir",
@@ -210,13 +210,15 @@ def test_an_empty_folder_is_used_and_overwrite_replaces_the_results(tmp_path, sy
     base = out / ladder_base()
     for suffix in (".json", ".md", ".log"):
         base.with_suffix(suffix).write_text("earlier\n")
-    ladder.main(["--preset", "cpu", "--group", "alone", "--out_dir", str(out), "--data_dir",
+    ladder.main(["--preset", "cpu", "--only", "compile's CUDA graphs", "--out_dir", str(out), "--data_dir",
                  str(synthetic_data_dir), "--overwrite"])
     report = json.loads(base.with_suffix(".json").read_text())
     assert report["runs"] == [] and report["command"].endswith("--overwrite")
     assert "| rung |" in base.with_suffix(".md").read_text()
     log = base.with_suffix(".log")
     assert not log.exists() or "earlier" not in log.read_text()  # a new log, not the old one continued
+    assert "--only \"compile's CUDA graphs\": no rung of --preset cpu --group all; names a rung of another" in \
+        caplog.text
 
 
 def test_the_gpu_suite_reruns_its_stages_over_their_own_results():

@@ -121,21 +121,26 @@ def test_the_batch_sweep_runs_at_the_best_measured_rung_and_is_skipped_on_a_cpu_
 
 
 def test_only_takes_several_parts_of_names_and_refuses_one_that_names_no_rung(tmp_path, capsys):
-    """--only A B: the rungs whose names hold either, in the ladder's order; a part that no rung's name holds ends
-    the run before it writes anything, naming the rungs it could have meant."""
+    """--only A B: the rungs whose names hold either, in the ladder's order. A part that names a rung of another
+    preset or group selects nothing here (gpu_suite.sh's CPU check passes the GPU's); a part that names no rung at
+    all ends the run before it writes anything, naming the rungs it could have meant."""
     rungs = ladder.rungs_for("cpu")
-    picked = ladder.select_rungs(rungs, ["gpu-inmem", "48 symmetries"], "--preset cpu")
+    picked, elsewhere = ladder.select_rungs(rungs, ["gpu-inmem", "48 symmetries"], "--preset cpu")
     assert [rung.name for rung in picked] == ["lowmem: 48 symmetries, velocities turned, 2 workers",
-                                              "gpu-inmem on CPU tensors"]
-    assert ladder.select_rungs(rungs, [], "--preset cpu") == rungs
-    assert [rung.name for rung in ladder.select_rungs(rungs, ["inmem"], "--preset cpu")] == [
-        "inmem, 2 workers", "gpu-inmem on CPU tensors"]
+                                              "gpu-inmem on CPU tensors"] and elsewhere == []
+    assert ladder.select_rungs(rungs, [], "--preset cpu") == (rungs, [])
+    picked, elsewhere = ladder.select_rungs(rungs, ["inmem", "compile's CUDA graphs"], "--preset cpu")
+    assert [rung.name for rung in picked] == ["inmem, 2 workers", "gpu-inmem on CPU tensors"]
+    assert elsewhere == ["compile's CUDA graphs"]
+    gpu_ladder = ladder.rungs_for("gpu", dali=False, group="ladder")
+    assert ladder.select_rungs(gpu_ladder, ["DALI"], "--preset gpu --group ladder") == ([], ["DALI"])
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exit:
         ladder.main(["--preset", "cpu", "--only", "gpu-inmem", "inmem, 2", "no such rung", "--out_dir", str(out)])
     error = " ".join(capsys.readouterr().err.split())
     assert exit.value.code == 2 and not out.exists()
-    assert error.startswith("error: --only 'no such rung': no rung of --preset cpu --group all has a name")
+    assert error.startswith("error: --only 'no such rung': no rung has a name that holds it. The rungs of --preset "
+                            "cpu --group all:")
     assert all(f'"{rung.name}"' in error for rung in rungs) and "--only A B" in error
     assert "'gpu-inmem'" not in error and "'inmem, 2'" not in error  # the parts that match are not the problem
 

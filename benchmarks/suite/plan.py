@@ -269,8 +269,8 @@ def ladder_rows(group, nbatches=LADDER["nbatches"], ntrials=LADDER["ntrials"], n
     layers, :data:`DECIDED_FORMS`), then the sweep's batches. With ``room`` (seconds), the rungs past it are not
     priced but named in one row: the ladder measures from the top down, so a budget cuts its last rungs."""
     rows = [("make the 256^3 data set and its .npy copies", SETUP_S["data"])]
-    rungs = ladder.select_rungs(ladder.rungs_for("gpu", dali=True, group=group), [only] if only else [],
-                                f"--group {group}")
+    rungs, _ = ladder.select_rungs(ladder.rungs_for("gpu", dali=True, group=group), [only] if only else [],
+                                   f"--preset gpu --group {group}")
     if group == "loaders" and not any("--device_prefetch=true" in rung.options for rung in rungs):
         rungs = rungs + RESERVED_RUNGS
     processes, decided = [], None
