@@ -66,6 +66,9 @@ CONVOLUTION_ARGUMENTS = {"aten::convolution": (0, 1), "aten::convolution_backwar
 ARCHITECTURE = re.compile(r"(?<![a-z0-9])sm_?(\d{2,3})|cutlass_(\d{2,3})_", re.I)
 GENERATIONS = {"volta": "70", "turing": "75", "ampere": "80", "hopper": "90", "blackwell": "100"}
 ROWS_AFTER = ("layout conversions", "other element-wise", "optimiser")
+# A GPU's profile without a kernel: the profiler could not trace the device (CUPTI), and the rows measure nothing.
+NO_KERNELS = ("The profiler recorded no GPU kernel here (CUPTI traced nothing on this machine): the rows are not "
+              "measured, only the step's wall time is.")
 
 
 def architecture(kernel):
@@ -289,6 +292,8 @@ def profile_step(step, inputs, targets, layers, device, steps=3, warmup=2, layer
         entry.self_cpu_time_total for entry in profiler.key_averages()
         if entry.key.startswith(("aten::", compiled_graph_range(events))))
     table["profiled_ms"], table["attributed_ms"] = profiled / steps / 1e3, worked / steps / 1e3
+    if cuda and not profiled:
+        table["warning"] = NO_KERNELS
     return table
 
 
@@ -313,7 +318,7 @@ def markdown(table, title):
     total = sum(row["ms"] for row in table["rows"])
     lines.append(f"| the step | {total:.2f} | {total / table['step_ms']:.1%} | | |" + (" |" if cuda else ""))
     lines += ["", f"In the profile: {table['profiled_ms']:.2f} ms a step of {unit}; in the rows: "
-                  f"{table['attributed_ms']:.2f} ms."]
+                  f"{table['attributed_ms']:.2f} ms." + (f" {table['warning']}" if table.get("warning") else "")]
     return "\n".join(lines) + "\n"
 
 

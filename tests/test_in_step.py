@@ -197,10 +197,23 @@ def test_on_a_gpu_the_ranges_spans_are_not_counted_as_kernels():
     assert in_step.device_kernel_us(events) == kernels_us
 
 
+def test_a_gpu_profile_without_kernels_says_its_rows_are_not_measured(monkeypatch):
+    """Where the profiler cannot trace the device (CUPTI), a GPU's profile holds the CPU operators and no kernel:
+    the table then says that its rows measure nothing, beside the step's wall time. Here the profiler is asked
+    for CUDA activity on a CPU build, which records no kernel either (the step runs on the CPU)."""
+    monkeypatch.setattr(in_step, "synchronize", lambda device: None)
+    params = load_params(TINY)
+    model, step, inputs, targets = layers.training_step(params, torch.device("cpu"), params.global_batch_size)
+    table = in_step.profile_step(step, inputs, targets, layers.convolutions(model), torch.device("cuda"), 1, warmup=1)
+    assert table["device"] == "cuda" and table["profiled_ms"] == 0 and table["warning"] == in_step.NO_KERNELS
+    assert in_step.NO_KERNELS in in_step.markdown(table, "The step")
+    assert "warning" not in profiled()  # a CPU's table has its operators
+
+
 @needs_cuda()
 def test_on_a_gpu_every_kernel_is_attributed_and_the_convolutions_name_their_kernels():
     table = profiled("--device=cuda", "--amp_mode=bf16", "--channels_last", device="cuda", steps=3)
-    assert table["attributed_ms"] == pytest.approx(table["profiled_ms"], rel=1e-3)
+    assert table["attributed_ms"] == pytest.approx(table["profiled_ms"], rel=1e-3) and "warning" not in table
     rows = {row["row"]: row for row in table["rows"]}
     assert all(rows[name]["ms"] > 0 and rows[name]["main"] for name in ("down 1", "up 1", "last"))
     assert rows["device idle (no kernel running)"]["ms"] >= 0

@@ -343,6 +343,11 @@ stage_headline() {
     #    the step layer by layer (plain, and in the forms), in the best rung's layout.
     STEP_CAP=150 step layers 110 "$PYTHON" -m benchmarks.layers --preset "$PRESET" "${PRECISION[@]}" --enable_fused \
         --channels_last --exact_forms=auto "${HEADLINE_LAYERS[@]}" --out_dir "$dir/layers" --overwrite || status=1
+    # Where the profiler traced no kernel here, the step layer by layer measured nothing: its tables' warning.
+    "$PYTHON" -c 'import json, sys
+print(*sorted({table["warning"] for path in sys.argv[1:] for table in json.load(open(path))["in_step"].values()
+               if table.get("warning")}), sep="\n")' "$dir"/layers/*.json 2>/dev/null |
+        while read -r line; do [ -n "$line" ] && summarize "layers: $line"; done
     if ! data_made; then
         data= status=1
         note "steps compile-auto, compile-off, original and anchor not run: the data set was not made ($dir/data.log)"
