@@ -475,3 +475,53 @@ def test_the_tests_chapter_quotes_the_committed_gpu_test_logs():
         quotes.assert_quoted(rows[stage], *counts.values())
     # tests/test_metrics.py whole on the H100 after the fix
     quotes.assert_quoted(rows["`tests-gpu`"], pytest_counts("tests-metrics-rerun-2026-11-25.log")["passed"])
+
+
+def shell_functions(*names):
+    """The text of gpu_suite.sh's functions ``names``, to run them alone."""
+    text = open(SUITE).read()
+    return "\n".join(re.search(rf"^{name}\(\) \{{\n.*?^\}}\n", text, flags=re.M | re.S).group(0) for name in names)
+
+
+def test_the_headlines_summary_gives_each_rungs_numbers(tmp_path):
+    """summary.txt holds each rung's FULL, SYNTHETIC and IO samples/s, MFU, peak memory and exact forms, read from
+    the rung's result as benchmarks/ladder.py's --measure_rung writes it."""
+    import json
+
+    result = tmp_path / "compile-auto.json"
+    result.write_text(json.dumps({"io": 9012.25, "synthetic": 1702.04, "full": 1650.96, "mfu": {"full": 0.2843},
+                                  "peak_mem_gb": 41.27, "exact_forms": ["down.0.0", "last"]}))
+    summary = tmp_path / "summary.txt"
+    command = shell_functions("summarize", "rung_numbers") + f'\nrung_numbers compile-auto "{result}"\n'
+    subprocess.run(["bash", "-c", command], cwd=ROOT, env={**os.environ, "PYTHON": sys.executable,
+                                                          "SUMMARY": str(summary)}, check=True, timeout=timeout_for(60))
+    assert summary.read_text() == ("step compile-auto: FULL 1651.0, SYNTHETIC 1702.0, IO 9012.2 samples/s, MFU 28.4%, "
+                                   "peak 41.3 GB, exact forms ['down.0.0', 'last']\n")
+
+
+def test_the_headlines_summary_says_where_a_passed_step_measured_nothing(tmp_path, monkeypatch):
+    """Two steps pass with nothing measured on some machines: the step layer by layer where the profiler traced no
+    GPU kernel (benchmarks/in_step.py's warning in the layers' JSON), and ncu where it cannot run (an H200: the
+    reason in its log, as benchmarks/ncu_layers.py writes it). summary.txt says so beside their status."""
+    import json
+
+    import torch
+
+    from benchmarks import in_step, ncu_layers
+
+    (tmp_path / "layers").mkdir()
+    (tmp_path / "layers" / "nvidia-h200-2026-11-28-bf16.json").write_text(json.dumps({"in_step": {
+        "off": {"warning": in_step.NO_KERNELS}, "auto": {"warning": in_step.NO_KERNELS}, "on": {}}}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(ncu_layers, "find_ncu", lambda: "/opt/nvidia/nsight-compute/2025.3.1/ncu")
+    assert ncu_layers.main(["--out_dir", str(tmp_path / "ncu")]) == 0
+    summary = tmp_path / "summary.txt"
+    command = (shell_functions("summarize", "layers_warnings", "ncu_reason")
+               + f'\nlayers_warnings "{tmp_path}/layers"\nncu_reason "{tmp_path}/ncu"\n'
+               + f'layers_warnings "{tmp_path}/none"\nncu_reason "{tmp_path}/none"\n')  # a CPU check: nothing said
+    subprocess.run(["bash", "-c", command], cwd=ROOT, env={**os.environ, "PYTHON": sys.executable,
+                                                          "SUMMARY": str(summary)}, check=True, timeout=timeout_for(60))
+    assert summary.read_text().splitlines() == [
+        f"step layers: {in_step.NO_KERNELS}",
+        f"step ncu: no report: NVIDIA H200: {ncu_layers.NO_PROFILER['H200']}"]

@@ -282,11 +282,18 @@ headline_header() {
     echo "# benchmarks/suite/gpu_suite.sh headline, $(date -u +%FT%TZ), commit" \
          "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}${CPU_CHECK:+, CPU_CHECK=1}"
     "$PYTHON" -c 'import platform, torch
-from benchmarks.common import device_name, software
-print("device:", device_name(torch.cuda.is_available()))
+from benchmarks.common import device_name, device_slug, software
+from benchmarks.suite.plan import EAGER_CHANNELS_LAST, measured_full
+device = device_name(torch.cuda.is_available())
+print("device:", device)
 print("python:", platform.python_version())
 for key, value in software().items():
-    print(f"{key}:", value)'
+    print(f"{key}:", value)
+try:  # what the anchor (the same options) measured here before, where the repository has a ladder of this device
+    committed = f"FULL {measured_full(EAGER_CHANNELS_LAST, gpu=device_slug(device)):.1f} samples/s"
+except LookupError:
+    committed = "none in benchmarks/results/"
+print(f"committed {EAGER_CHANNELS_LAST} on this device: {committed}")'
 }
 
 rung_spec() {
@@ -305,7 +312,22 @@ headline_rung() {
     shift 3
     [[ " $* " == *" --jit_mode=compile "* ]] && environment=(env TORCHINDUCTOR_FORCE_LAYOUT_OPT=1)
     STEP_CAP=$cap step "$name" "$need" "${environment[@]}" "$PYTHON" -m benchmarks.ladder \
-        --measure_rung "$(rung_spec "$@")" --result "$RESULTS/headline/$name.json" "${HEADLINE_SIZES[@]}"
+        --measure_rung "$(rung_spec "$@")" --result "$RESULTS/headline/$name.json" "${HEADLINE_SIZES[@]}" || return 1
+    rung_numbers "$name" "$RESULTS/headline/$name.json"
+}
+
+rung_numbers() {
+    # rung_numbers NAME FILE: the rung's numbers in summary.txt (its header has the committed run's, where there is one).
+    "$PYTHON" - "$@" <<'EOF' | while read -r line; do summarize "$line"; done
+import json, sys
+
+name, path = sys.argv[1:]
+rung = json.load(open(path))
+mfu, peak = (rung.get("mfu") or {}).get("full"), rung.get("peak_mem_gb")
+print(f"{name}: FULL {rung['full']:.1f}, SYNTHETIC {rung['synthetic']:.1f}, IO {rung['io']:.1f} samples/s"
+      + (f", MFU {mfu:.1%}" if mfu is not None else "") + (f", peak {peak:.1f} GB" if peak is not None else "")
+      + f", exact forms {rung['exact_forms']}")
+EOF
 }
 
 data_made() {
@@ -327,6 +349,24 @@ original_checkout() {
     echo "$checkout"
 }
 
+layers_warnings() {
+    # layers_warnings DIR: where the profiler traced no kernel here, the step layer by layer measured nothing (the
+    # layers step passed): its tables' warning, in summary.txt.
+    "$PYTHON" -c 'import json, sys
+print(*sorted({table["warning"] for path in sys.argv[1:] for table in json.load(open(path))["in_step"].values()
+               if table.get("warning")}), sep="\n")' "$1"/*.json 2>/dev/null |
+        while read -r line; do [ -n "$line" ] && summarize "layers: $line"; done
+    return 0
+}
+
+ncu_reason() {
+    # ncu_reason DIR: where ncu cannot run here (no ncu, an H200), the ncu step passes with no report: why, from
+    # its log, in summary.txt.
+    grep -s -m 1 '^ncu_layers: not run: ' "$1/ncu_layers.log" | sed 's/^ncu_layers: not run: /ncu: no report: /' |
+        while read -r line; do summarize "$line"; done
+    return 0
+}
+
 stage_headline() {
     # The numbers that decide, in one command, most valuable first (benchmarks/README.md, the headline): each step is not
     # started where its price no longer fits the budget, is ended at its cap, and is packed as it ends;
@@ -343,11 +383,7 @@ stage_headline() {
     #    the step layer by layer (plain, and in the forms), in the best rung's layout.
     STEP_CAP=150 step layers 110 "$PYTHON" -m benchmarks.layers --preset "$PRESET" "${PRECISION[@]}" --enable_fused \
         --channels_last --exact_forms=auto "${HEADLINE_LAYERS[@]}" --out_dir "$dir/layers" --overwrite || status=1
-    # Where the profiler traced no kernel here, the step layer by layer measured nothing: its tables' warning.
-    "$PYTHON" -c 'import json, sys
-print(*sorted({table["warning"] for path in sys.argv[1:] for table in json.load(open(path))["in_step"].values()
-               if table.get("warning")}), sep="\n")' "$dir"/layers/*.json 2>/dev/null |
-        while read -r line; do [ -n "$line" ] && summarize "layers: $line"; done
+    layers_warnings "$dir/layers"
     if ! data_made; then
         data= status=1
         note "steps compile-auto, compile-off, original and anchor not run: the data set was not made ($dir/data.log)"
@@ -373,9 +409,7 @@ print(*sorted({table["warning"] for path in sys.argv[1:] for table in json.load(
     #    with CPU_CHECK it prints its ncu command and runs the layers without it).
     STEP_CAP=75 step ncu 50 "$PYTHON" -m benchmarks.ncu_layers --preset "$PRESET" "${PRECISION[@]}" --enable_fused \
         --channels_last --exact_forms=off --out_dir "$dir/ncu" --overwrite "${NCU_OPTIONS[@]}" || status=1
-    # Where ncu cannot run here (no ncu, an H200), the step passes with no report: its log says why.
-    grep -s -m 1 '^ncu_layers: not run: ' "$dir/ncu/ncu_layers.log" | sed 's/^ncu_layers: not run: /ncu: no report: /' |
-        while read -r line; do summarize "$line"; done
+    ncu_reason "$dir/ncu"
     # 7. The committed best rung again (eager, channels_last, forms off): this machine against the committed H100.
     if [ -n "$data" ]; then
         headline_rung anchor 70 90 "${BEST[@]}" --jit_mode=none --exact_forms=off || status=1
