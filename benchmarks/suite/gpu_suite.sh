@@ -349,6 +349,21 @@ original_checkout() {
     echo "$checkout"
 }
 
+original_numbers() {
+    # original_numbers DIR: each of the original's runs in summary.txt, its samples/s (the epochs after the first)
+    # or its error, from benchmarks/original.py's JSON in DIR.
+    "$PYTHON" - "$1"/*.json <<'EOF' 2>/dev/null | while read -r line; do summarize "$line"; done
+import json, sys
+
+for path in sys.argv[1:]:
+    for run in json.load(open(path))["original_runs"]:
+        rate, error = run.get("samples_per_s"), run.get("error")
+        print(f"original, {run['name']}: " + (f"{rate:.1f} samples/s" if rate else "not measured")
+              + (f" ({error})" if error else ""))
+EOF
+    return 0
+}
+
 layers_warnings() {
     # layers_warnings DIR: where the profiler traced no kernel here, the step layer by layer measured nothing (the
     # layers step passed): its tables' warning, in summary.txt.
@@ -404,6 +419,7 @@ stage_headline() {
     elif [ -n "$data" ]; then
         STEP_CAP=130 step original 100 "$PYTHON" -m benchmarks.original --original="$checkout" --data_dir "$DATA_DIR" \
             --epochs 2 --rungs none --out_dir "$dir/original" --overwrite "${help[@]}" || status=1
+        original_numbers "$dir/original"
     fi
     # 6. Nsight Compute on the first and last layers, plain and in their forms (it says why where it cannot run;
     #    with CPU_CHECK it prints its ncu command and runs the layers without it).
