@@ -541,3 +541,19 @@ def test_the_headlines_summary_says_where_a_passed_step_measured_nothing(tmp_pat
     assert summarized(tmp_path, calls + none) == [
         f"step layers: {in_step.NO_KERNELS}",
         f"step ncu: no report: NVIDIA H200: {ncu_layers.NO_PROFILER['H200']}"]
+
+
+def test_the_headlines_header_gives_the_committed_best_rung_of_the_gpu_it_runs_on(tmp_path):
+    """summary.txt's header: the device, its software, and the committed FULL of the rung the anchor repeats on that
+    device (benchmarks/results/<device>-<date>.json), here for an H200 that PyTorch is made to report."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import torch\ntorch.cuda.is_available = lambda: True\n"
+        "torch.cuda.get_device_name = lambda device=None: 'NVIDIA H200'\n")
+    functions = re.search(r"^headline_header\(\) \{\n.*?^\}\n", open(SUITE).read(), flags=re.M | re.S).group(0)
+    result = subprocess.run(["bash", "-c", functions + "headline_header"], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(tmp_path)},
+                            timeout=timeout_for(120))
+    committed = suite_plan.measured_full(suite_plan.EAGER_CHANNELS_LAST, gpu="nvidia-h200")
+    assert "\ndevice: NVIDIA H200\n" in result.stdout, result.stdout + result.stderr
+    assert result.stdout.endswith(f"committed {suite_plan.EAGER_CHANNELS_LAST} on this device: FULL {committed:.1f} "
+                                  "samples/s\n")

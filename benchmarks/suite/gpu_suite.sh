@@ -283,12 +283,12 @@ headline_header() {
          "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}${CPU_CHECK:+, CPU_CHECK=1}"
     "$PYTHON" -c 'import platform, torch
 from benchmarks.common import device_name, device_slug, software
-from benchmarks.suite.plan import EAGER_CHANNELS_LAST, measured_full
 device = device_name(torch.cuda.is_available())
 print("device:", device)
 print("python:", platform.python_version())
 for key, value in software().items():
-    print(f"{key}:", value)
+    print(f"{key}:", value, flush=True)
+from benchmarks.suite.plan import EAGER_CHANNELS_LAST, measured_full
 try:  # what the anchor (the same options) measured here before, where the repository has a ladder of this device
     committed = f"FULL {measured_full(EAGER_CHANNELS_LAST, gpu=device_slug(device)):.1f} samples/s"
 except LookupError:
