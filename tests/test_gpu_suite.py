@@ -478,7 +478,7 @@ def test_the_tests_chapter_quotes_the_committed_gpu_test_logs():
     quotes.assert_quoted(rows["`tests-gpu`"], pytest_counts("tests-metrics-rerun-2026-11-25.log")["passed"])
 
 
-def summarized(tmp_path, calls):
+def summarized(tmp_path, calls, env=None):
     """The lines that gpu_suite.sh's functions add to summary.txt in ``calls`` (``[(function, *arguments)]``), each
     function run alone, with the script's ``summarize``."""
     text = open(SUITE).read()
@@ -487,7 +487,8 @@ def summarized(tmp_path, calls):
     summary = tmp_path / "summary.txt"
     command = "\n".join([*functions, *(shlex.join([name, *map(str, arguments)]) for name, *arguments in calls)])
     subprocess.run(["bash", "-c", command], cwd=ROOT, env={**os.environ, "PYTHON": sys.executable,
-                                                          "SUMMARY": str(summary)}, check=True, timeout=timeout_for(60))
+                                                          "SUMMARY": str(summary), **(env or {})},
+                   check=True, timeout=timeout_for(60))
     return summary.read_text().splitlines() if summary.exists() else []
 
 
@@ -543,17 +544,12 @@ def test_the_headlines_summary_says_where_a_passed_step_measured_nothing(tmp_pat
         f"step ncu: no report: NVIDIA H200: {ncu_layers.NO_PROFILER['H200']}"]
 
 
-def test_the_headlines_header_gives_the_committed_best_rung_of_the_gpu_it_runs_on(tmp_path):
-    """summary.txt's header: the device, its software, and the committed FULL of the rung the anchor repeats on that
-    device (benchmarks/results/<device>-<date>.json), here for an H200 that PyTorch is made to report."""
+def test_the_headlines_summary_gives_the_committed_rung_the_anchor_repeats_on_the_gpu_it_runs_on(tmp_path):
+    """After the anchor, summary.txt gives the committed FULL of the rung the anchor repeats on this device
+    (benchmarks/results/<device>-<date>.json), here for an H200 that PyTorch is made to report."""
     (tmp_path / "sitecustomize.py").write_text(
         "import torch\ntorch.cuda.is_available = lambda: True\n"
         "torch.cuda.get_device_name = lambda device=None: 'NVIDIA H200'\n")
-    functions = re.search(r"^headline_header\(\) \{\n.*?^\}\n", open(SUITE).read(), flags=re.M | re.S).group(0)
-    result = subprocess.run(["bash", "-c", functions + "headline_header"], cwd=ROOT, capture_output=True, text=True,
-                            env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(tmp_path)},
-                            timeout=timeout_for(120))
     committed = suite_plan.measured_full(suite_plan.EAGER_CHANNELS_LAST, gpu="nvidia-h200")
-    assert "\ndevice: NVIDIA H200\n" in result.stdout, result.stdout + result.stderr
-    assert result.stdout.endswith(f"committed {suite_plan.EAGER_CHANNELS_LAST} on this device: FULL {committed:.1f} "
-                                  "samples/s\n")
+    assert summarized(tmp_path, [("committed_anchor",)], {"PYTHONPATH": str(tmp_path)}) == [
+        f"step anchor: the committed {suite_plan.EAGER_CHANNELS_LAST} on this device: FULL {committed:.1f}"]
