@@ -292,9 +292,23 @@ def profile_step(step, inputs, targets, layers, device, steps=3, warmup=2, layer
         entry.self_cpu_time_total for entry in profiler.key_averages()
         if entry.key.startswith(("aten::", compiled_graph_range(events))))
     table["profiled_ms"], table["attributed_ms"] = profiled / steps / 1e3, worked / steps / 1e3
-    if cuda and not profiled:
-        table["warning"] = NO_KERNELS
+    warning = check_attribution(cuda, worked / steps / 1e3, profiled / steps / 1e3)
+    if warning:
+        table["warning"] = warning
     return table
+
+
+def check_attribution(cuda, attributed_ms, profiled_ms):
+    """What the table must say where its rows do not hold the profile's time (None where they do, within 1%): a
+    GPU's profile without a kernel (:data:`NO_KERNELS`), or work in no row or in two."""
+    if cuda and not profiled_ms:
+        return NO_KERNELS
+    if abs(attributed_ms - profiled_ms) <= 0.01 * profiled_ms:
+        return None
+    unit = "kernel time" if cuda else "operators' own time"
+    how = "some of it is in no row" if attributed_ms < profiled_ms else "some of it is counted twice"
+    return (f"The rows hold {attributed_ms:.2f} ms a step of the profile's {profiled_ms:.2f} ms of {unit}: {how}, and "
+            "the rows are not the step's whole work.")
 
 
 def markdown(table, title):

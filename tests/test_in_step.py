@@ -195,6 +195,25 @@ def test_on_a_gpu_the_ranges_spans_are_not_counted_as_kernels():
     for each in events:
         del each.is_user_annotation
     assert in_step.device_kernel_us(events) == kernels_us
+    assert in_step.check_attribution(True, kernels_us / 1e3, in_step.device_kernel_us(events) / 1e3) is None
+
+
+def test_kernels_that_no_row_holds_are_said():
+    """A kernel linked to no operator of the profile is in no row: the table says its rows fall short of the
+    profile's kernel time (and where a row counted work twice, that it exceeds it), instead of showing fewer
+    milliseconds as the step's work."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    events, kernels_us = cuda_profile_events()
+    events.append(FunctionEvent(id=len(events), name="void at::native::elementwise_kernel<add>", thread=1, start_us=400,
+                                end_us=440, device_type=DeviceType.CUDA, use_device="cuda"))
+    rows = in_step.attribute(events, ["down 1"], True)
+    attributed, profiled = sum(row["us"] for row in rows.values()) / 1e3, in_step.device_kernel_us(events) / 1e3
+    assert (attributed, profiled) == (kernels_us / 1e3, (kernels_us + 40) / 1e3)
+    assert "some of it is in no row" in in_step.check_attribution(True, attributed, profiled)
+    assert "counted twice" in in_step.check_attribution(False, profiled, attributed)
+    assert in_step.check_attribution(False, 100.0, 100.5) is None
 
 
 def test_a_gpu_profile_without_kernels_says_its_rows_are_not_measured(monkeypatch):
