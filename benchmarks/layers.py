@@ -236,7 +236,9 @@ def markdown(report):
     cpu = f", {report['cpu_model']}" if report.get("cpu_model") else ""
     lines = [f"Measured by `{report['command']}` on {report['device']}{cpu} ({software_text(report)}), "
              f"{report['date']}: batch {report['batch']}, crop {report['crop']}^3, {report['precision']}, "
-             f"--exact_forms={report['exact_forms']}. Each convolution forward + backward alone, plain and, where it has one, in its exact form (utils/exact_forms.py); "
+             f"--exact_forms={report['exact_forms']}. Each convolution forward + backward alone, on an input of the dtype "
+             "the step gives it, its gradients not accumulated, plain and, where it has one, in its exact form "
+             "(utils/exact_forms.py); "
              f"ms: the mean of {report['repeats']} calls" + (f", the least of {report['rounds']} rounds taking "
              "plain and exact form in turn" if report["rounds"] > 1 else "") + "; share: of one whole training step.",
              "",
