@@ -66,6 +66,9 @@ CONVOLUTION_ARGUMENTS = {"aten::convolution": (0, 1), "aten::convolution_backwar
 ARCHITECTURE = re.compile(r"(?<![a-z0-9])sm_?(\d{2,3})|cutlass_(\d{2,3})_", re.I)
 GENERATIONS = {"volta": "70", "turing": "75", "ampere": "80", "hopper": "90", "blackwell": "100"}
 ROWS_AFTER = ("layout conversions", "other element-wise", "optimiser")
+# A GPU's profile without a kernel: the profiler could not trace the device (CUPTI), and the rows measure nothing.
+NO_KERNELS = ("The profiler recorded no GPU kernel here (CUPTI traced nothing on this machine): the rows are not "
+              "measured, only the step's wall time is.")
 
 
 def architecture(kernel):
@@ -222,10 +225,20 @@ def attribute(events, layer_names, cuda, layer_of_shapes=None):
     return rows
 
 
+def range_span(event, range_names):
+    """Whether a device event is a range's span, not a kernel: a CUDA profile records each ``record_function``
+    range that launched kernels (the layers', the optimiser's) once more on the device, a
+    ``gpu_user_annotation`` from its first kernel's start to its last one's end, named as the range
+    (``is_user_annotation``, which torch 2.4 lacks; ``range_names``: the CPU events' names)."""
+    return bool(getattr(event, "is_user_annotation", False)) or event.name in range_names
+
+
 def device_kernel_us(events):
-    """All the profiled kernels' time, whichever CPU event launched them (the attribution's check)."""
+    """All the profiled kernels' time, whichever CPU event launched them (the attribution's check); the ranges'
+    spans on the device (:func:`range_span`) are not kernels: they cover the kernels inside them."""
+    range_names = {event.name for event in events if event.device_type == torch.autograd.DeviceType.CPU}
     return sum(event.time_range.elapsed_us() for event in events
-               if event.device_type == torch.autograd.DeviceType.CUDA)
+               if event.device_type == torch.autograd.DeviceType.CUDA and not range_span(event, range_names))
 
 
 def synchronize(device):
@@ -279,7 +292,23 @@ def profile_step(step, inputs, targets, layers, device, steps=3, warmup=2, layer
         entry.self_cpu_time_total for entry in profiler.key_averages()
         if entry.key.startswith(("aten::", compiled_graph_range(events))))
     table["profiled_ms"], table["attributed_ms"] = profiled / steps / 1e3, worked / steps / 1e3
+    warning = check_attribution(cuda, worked / steps / 1e3, profiled / steps / 1e3)
+    if warning:
+        table["warning"] = warning
     return table
+
+
+def check_attribution(cuda, attributed_ms, profiled_ms):
+    """What the table must say where its rows do not hold the profile's time (None where they do, within 1%): a
+    GPU's profile without a kernel (:data:`NO_KERNELS`), or work in no row or in two."""
+    if cuda and not profiled_ms:
+        return NO_KERNELS
+    if abs(attributed_ms - profiled_ms) <= 0.01 * profiled_ms:
+        return None
+    unit = "kernel time" if cuda else "operators' own time"
+    how = "some of it is in no row" if attributed_ms < profiled_ms else "some of it is counted twice"
+    return (f"The rows hold {attributed_ms:.2f} ms a step of the profile's {profiled_ms:.2f} ms of {unit}: {how}, and "
+            "the rows are not the step's whole work.")
 
 
 def markdown(table, title):
@@ -303,7 +332,7 @@ def markdown(table, title):
     total = sum(row["ms"] for row in table["rows"])
     lines.append(f"| the step | {total:.2f} | {total / table['step_ms']:.1%} | | |" + (" |" if cuda else ""))
     lines += ["", f"In the profile: {table['profiled_ms']:.2f} ms a step of {unit}; in the rows: "
-                  f"{table['attributed_ms']:.2f} ms."]
+                  f"{table['attributed_ms']:.2f} ms." + (f" {table['warning']}" if table.get("warning") else "")]
     return "\n".join(lines) + "\n"
 
 

@@ -6,7 +6,7 @@ and of each slow layer's exact form beside it.
     python -m benchmarks.layers --amp_mode=fp16          # any train.py option changes the configuration
     python -m benchmarks.layers --flops                  # no timing, any machine: FLOPs and arithmetic intensity
 
-Each convolution runs alone, forward and backward, on a random input of the shape it sees in the
+Each convolution runs alone, forward and backward, on a random input of the shape and dtype it sees in the
 network (with a gradient, except the first layer's, as in training), in the configured precision;
 its FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode``. They add up to the whole
 model's count (80.5 GFLOP per 64^3 sample at full scale), which the table checks. Beside each
@@ -138,16 +138,23 @@ def time_it(function, device, repeats):
 
 
 def layer_call(module, shape, first, precision, device, memory_format, form=None):
-    """One forward + backward of a layer shaped as ``module``, computed in ``form`` (None: plain), as a function."""
+    """One forward + backward of a layer shaped as ``module``, computed in ``form`` (None: plain), as a function.
+    Its input is of the dtype the layer sees in training: the data's float32 for the first layer, the autocast
+    dtype (the layer before's output) for the others, so that no cast of the input is timed that a step does not
+    make; its gradients are returned, never accumulated, as a step's backward writes them."""
     layer = type(module)(module.in_channels, module.out_channels, kernel_size=4, stride=2, padding=1)
     layer = layer.to(device, memory_format=memory_format)
     layer = layer if form is None else ExactConv(layer, form)
-    x = torch.randn(shape, device=device).to(memory_format=memory_format).requires_grad_(not first)
+    dtype = torch.float32 if first or precision.dtype is None else precision.dtype
+    x = torch.randn(shape, device=device).to(dtype=dtype, memory_format=memory_format).requires_grad_(not first)
+    inputs = [*([] if first else [x]), *layer.parameters()]
+    grad = []
 
     def forward_backward():
         with precision.autocast():
             out = layer(x)
-        out.backward(torch.ones_like(out))
+        grad[:] = grad or [torch.ones_like(out)]  # made once: the step's loss hands its gradient over
+        return torch.autograd.grad(out, inputs, grad[0])
 
     return forward_backward
 
@@ -229,7 +236,9 @@ def markdown(report):
     cpu = f", {report['cpu_model']}" if report.get("cpu_model") else ""
     lines = [f"Measured by `{report['command']}` on {report['device']}{cpu} ({software_text(report)}), "
              f"{report['date']}: batch {report['batch']}, crop {report['crop']}^3, {report['precision']}, "
-             f"--exact_forms={report['exact_forms']}. Each convolution forward + backward alone, plain and, where it has one, in its exact form (utils/exact_forms.py); "
+             f"--exact_forms={report['exact_forms']}. Each convolution forward + backward alone, on an input of the dtype "
+             "the step gives it, its gradients not accumulated, plain and, where it has one, in its exact form "
+             "(utils/exact_forms.py); "
              f"ms: the mean of {report['repeats']} calls" + (f", the least of {report['rounds']} rounds taking "
              "plain and exact form in turn" if report["rounds"] > 1 else "") + "; share: of one whole training step.",
              "",

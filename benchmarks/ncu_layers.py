@@ -21,8 +21,9 @@ report shows beside each kernel). ncu records the kernels inside the windows onl
 
 The tool says why it measures nothing and ends with status 0 where ncu cannot run: no CUDA GPU, no
 ``ncu`` found, or a GPU where ncu fails to start its profiler (an H200 in a gVisor sandbox ends with
-``LibraryNotLoaded``; ``--force`` tries anyway). ``--dry_run`` runs on any machine: it prints the ncu
-command it would run, then runs the layers without ncu (``--preset cpu`` on a CPU).
+``LibraryNotLoaded``; ``--force`` tries anyway); with ``--out_dir``, ``ncu_layers.log`` says why too.
+``--dry_run`` runs on any machine: it prints the ncu command it would run, then runs the layers without
+ncu (``--preset cpu`` on a CPU).
 """
 import argparse
 import contextlib
@@ -158,12 +159,15 @@ def main(argv=None):
     why = why_not(ncu, args.force)
     if why:
         print(f"{NAME}: not run: {why}")
-        return 0
+        if not args.out_dir:
+            return 0
     claim_files([base + suffix for suffix in (".ncu-rep", ".csv", ".log")], args.overwrite)
     os.makedirs(folder, exist_ok=True)
     log = base + ".log"
-    with open(log, "w") as f:
-        f.write(f"$ {shlex.join(command)}\n")
+    with open(log, "w") as f:  # a folder named for the results (the GPU suite's) keeps why there are none
+        f.write(f"{NAME}: not run: {why}\n" if why else f"$ {shlex.join(command)}\n")
+    if why:
+        return 0
     start = time.perf_counter()
     code = run(command, log, args.timeout, mode="a")
     print(f"{NAME}: ncu ended ({code if isinstance(code, str) else f'exit status {code}'}) after "

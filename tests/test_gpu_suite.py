@@ -5,6 +5,7 @@ each inside the budget the script enforces; the script runs what the plan prices
 finished after every step, at its deadline and on SIGTERM (run here for real with the preflight, the stage a CPU
 can run)."""
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -498,3 +499,80 @@ def test_the_tests_chapter_quotes_the_committed_gpu_test_logs():
         quotes.assert_quoted(rows[stage], *counts.values())
     # tests/test_metrics.py whole on the H100 after the fix
     quotes.assert_quoted(rows["`tests-gpu`"], pytest_counts("tests-metrics-rerun-2026-11-25.log")["passed"])
+
+
+def summarized(tmp_path, calls, env=None):
+    """The lines that gpu_suite.sh's functions add to summary.txt in ``calls`` (``[(function, *arguments)]``), each
+    function run alone, with the script's ``summarize``."""
+    text = open(SUITE).read()
+    names = ["summarize", *dict.fromkeys(name for name, *_ in calls)]
+    functions = [re.search(rf"^{name}\(\) \{{\n.*?^\}}\n", text, flags=re.M | re.S).group(0) for name in names]
+    summary = tmp_path / "summary.txt"
+    command = "\n".join([*functions, *(shlex.join([name, *map(str, arguments)]) for name, *arguments in calls)])
+    subprocess.run(["bash", "-c", command], cwd=ROOT, env={**os.environ, "PYTHON": sys.executable,
+                                                          "SUMMARY": str(summary), **(env or {})},
+                   check=True, timeout=timeout_for(60))
+    return summary.read_text().splitlines() if summary.exists() else []
+
+
+def test_the_headlines_summary_gives_each_rungs_numbers(tmp_path):
+    """summary.txt holds each rung's FULL, SYNTHETIC and IO samples/s, MFU, peak memory and exact forms, read from
+    the rung's result as benchmarks/ladder.py's --measure_rung writes it."""
+    result = tmp_path / "compile-auto.json"
+    result.write_text(json.dumps({"io": 9012.25, "synthetic": 1702.04, "full": 1650.96, "mfu": {"full": 0.2843},
+                                  "peak_mem_gb": 41.27, "exact_forms": ["down.0.0", "last"]}))
+    assert summarized(tmp_path, [("rung_numbers", "compile-auto", result)]) == [
+        "step compile-auto: FULL 1651.0, SYNTHETIC 1702.0, IO 9012.2 samples/s, MFU 28.4%, peak 41.3 GB, "
+        "exact forms ['down.0.0', 'last']"]
+
+
+def test_the_headlines_summary_gives_the_originals_samples_per_second_or_why_none(tmp_path):
+    """summary.txt holds each of the original's runs: its steady samples/s from its epoch lines (the epochs after the
+    first), or its error, as benchmarks/original.py's report gives them."""
+    from benchmarks import original
+
+    text = ("2026-11-28 10:00:20,001 - root - INFO - Time taken for epoch 1 is 20.5 sec, avg 62.43 samples/sec\n"
+            "2026-11-28 10:00:35,002 - root - INFO - Time taken for epoch 2 is 14.2 sec, avg 90.14 samples/sec\n")
+    epochs = original.epoch_rates(text)
+    runs = [{"name": original.ORIGINAL_RUNS[0]["name"], "epochs": epochs, "samples_per_s": original.steady_rate(epochs)},
+            {"name": original.ORIGINAL_RUNS[1]["name"], "epochs": [], "samples_per_s": None,
+             "error": "timed out after 600 s, 0 epoch lines; see the log"}]
+    (tmp_path / "original").mkdir()
+    (tmp_path / "original" / "nvidia-h100-80gb-hbm3-2026-11-28.json").write_text(json.dumps({"original_runs": runs}))
+    # No report (a CPU check): nothing said.
+    assert summarized(tmp_path, [("original_numbers", tmp_path / "original"), ("original_numbers", tmp_path / "none")]) == [
+        f"step original, {runs[0]['name']}: 90.1 samples/s",
+        f"step original, {runs[1]['name']}: not measured (timed out after 600 s, 0 epoch lines; see the log)"]
+
+
+def test_the_headlines_summary_says_where_a_passed_step_measured_nothing(tmp_path, monkeypatch):
+    """Two steps pass with nothing measured on some machines: the step layer by layer where the profiler traced no
+    GPU kernel (benchmarks/in_step.py's warning in the layers' JSON), and ncu where it cannot run (an H200: the
+    reason in its log, as benchmarks/ncu_layers.py writes it). summary.txt says so beside their status."""
+    import torch
+
+    from benchmarks import in_step, ncu_layers
+
+    (tmp_path / "layers").mkdir()
+    (tmp_path / "layers" / "nvidia-h200-2026-11-28-bf16.json").write_text(json.dumps({"in_step": {
+        "off": {"warning": in_step.NO_KERNELS}, "auto": {"warning": in_step.NO_KERNELS}, "on": {}}}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(ncu_layers, "find_ncu", lambda: "/opt/nvidia/nsight-compute/2025.3.1/ncu")
+    assert ncu_layers.main(["--out_dir", str(tmp_path / "ncu")]) == 0
+    calls = [("layers_warnings", tmp_path / "layers"), ("ncu_reason", tmp_path / "ncu")]
+    none = [(name, tmp_path / "none") for name, *_ in calls]  # a CPU check's: nothing said
+    assert summarized(tmp_path, calls + none) == [
+        f"step layers: {in_step.NO_KERNELS}",
+        f"step ncu: no report: NVIDIA H200: {ncu_layers.NO_PROFILER['H200']}"]
+
+
+def test_the_headlines_summary_gives_the_committed_rung_the_anchor_repeats_on_the_gpu_it_runs_on(tmp_path):
+    """After the anchor, summary.txt gives the committed FULL of the rung the anchor repeats on this device
+    (benchmarks/results/<device>-<date>.json), here for an H200 that PyTorch is made to report."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import torch\ntorch.cuda.is_available = lambda: True\n"
+        "torch.cuda.get_device_name = lambda device=None: 'NVIDIA H200'\n")
+    committed = suite_plan.measured_full(suite_plan.EAGER_CHANNELS_LAST, gpu="nvidia-h200")
+    assert summarized(tmp_path, [("committed_anchor",)], {"PYTHONPATH": str(tmp_path)}) == [
+        f"step anchor: the committed {suite_plan.EAGER_CHANNELS_LAST} on this device: FULL {committed:.1f}"]

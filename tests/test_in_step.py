@@ -146,10 +146,93 @@ def test_the_table_is_written_with_every_row_and_the_step(tables):
     assert f"| the step | {tables['on']['step_ms']:.2f} | 100.0% |" in text and "architectures" not in text
 
 
+def cuda_profile_events():
+    """The events torch's profiler gives for a layer's forward and the optimiser's step on a GPU, linked as its
+    parser links them (torch/autograd/profiler.py): each kernel is a CUDA event, and a kernel of the CPU operator
+    that launched it; each ``record_function`` range that launched kernels is also a CUDA event of its own
+    name, its span on the device (kineto's ``gpu_user_annotation``, ``is_user_annotation``), linked to no
+    operator. Returns ``(events, kernels' microseconds)``."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def event(name, start, end, parent=None, device=DeviceType.CPU, annotation=False):
+        made = FunctionEvent(id=len(events), name=name, thread=1, start_us=start, end_us=end, device_type=device,
+                             use_device="cuda")
+        made.is_user_annotation = annotation
+        if parent is not None:
+            made.set_cpu_parent(parent)
+            parent.append_cpu_child(made)
+        events.append(made)
+        return made
+
+    def kernel(operator, name, start, end):
+        operator.append_kernel(name, 0, end - start)
+        event(name, start, end, device=DeviceType.CUDA)
+
+    events = []
+    layer = event(in_step.LAYER + "down 1", 0, 100, annotation=True)
+    convolution = event("aten::cudnn_convolution", 20, 80, event("aten::convolution", 10, 90, layer))
+    event("cudaLaunchKernel", 30, 35, convolution)
+    kernel(convolution, "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", 40, 140)
+    cast = event("aten::copy_", 82, 88, event("aten::_to_copy", 81, 89, layer))
+    kernel(cast, "void at::native::unrolled_elementwise_kernel<copy>", 145, 150)
+    step = event(in_step.OPTIMISER[0] + "Adam.step", 200, 300, annotation=True)
+    kernel(event("aten::_fused_adam_", 210, 290, step), "void multi_tensor_apply_kernel<FusedAdam>", 300, 330)
+    event(layer.name, 40, 150, device=DeviceType.CUDA, annotation=True)  # the ranges' spans on the device
+    event(step.name, 300, 330, device=DeviceType.CUDA, annotation=True)
+    return events, 100 + 5 + 30
+
+
+def test_on_a_gpu_the_ranges_spans_are_not_counted_as_kernels():
+    """A CUDA profile holds each range's span on the device beside its kernels: the check of the table (every
+    kernel in the rows, none twice) counts the kernels alone, so it agrees with the rows; torch 2.4's events,
+    which lack the ``is_user_annotation`` flag, are told by their range's name."""
+    events, kernels_us = cuda_profile_events()
+    rows = in_step.attribute(events, ["down 1"], True)
+    assert rows["down 1"]["us"] == 105 and rows["down 1"]["around_us"] == 5 and rows["optimiser"]["us"] == 30
+    assert sum(row["us"] for row in rows.values()) == kernels_us
+    assert in_step.device_kernel_us(events) == kernels_us
+    for each in events:
+        del each.is_user_annotation
+    assert in_step.device_kernel_us(events) == kernels_us
+    assert in_step.check_attribution(True, kernels_us / 1e3, in_step.device_kernel_us(events) / 1e3) is None
+
+
+def test_kernels_that_no_row_holds_are_said():
+    """A kernel linked to no operator of the profile is in no row: the table says its rows fall short of the
+    profile's kernel time (and where a row counted work twice, that it exceeds it), instead of showing fewer
+    milliseconds as the step's work."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    events, kernels_us = cuda_profile_events()
+    events.append(FunctionEvent(id=len(events), name="void at::native::elementwise_kernel<add>", thread=1, start_us=400,
+                                end_us=440, device_type=DeviceType.CUDA, use_device="cuda"))
+    rows = in_step.attribute(events, ["down 1"], True)
+    attributed, profiled = sum(row["us"] for row in rows.values()) / 1e3, in_step.device_kernel_us(events) / 1e3
+    assert (attributed, profiled) == (kernels_us / 1e3, (kernels_us + 40) / 1e3)
+    assert "some of it is in no row" in in_step.check_attribution(True, attributed, profiled)
+    assert "counted twice" in in_step.check_attribution(False, profiled, attributed)
+    assert in_step.check_attribution(False, 100.0, 100.5) is None
+
+
+def test_a_gpu_profile_without_kernels_says_its_rows_are_not_measured(monkeypatch):
+    """Where the profiler cannot trace the device (CUPTI), a GPU's profile holds the CPU operators and no kernel:
+    the table then says that its rows measure nothing, beside the step's wall time. Here the profiler is asked
+    for CUDA activity on a CPU build, which records no kernel either (the step runs on the CPU)."""
+    monkeypatch.setattr(in_step, "synchronize", lambda device: None)
+    params = load_params(TINY)
+    model, step, inputs, targets = layers.training_step(params, torch.device("cpu"), params.global_batch_size)
+    table = in_step.profile_step(step, inputs, targets, layers.convolutions(model), torch.device("cuda"), 1, warmup=1)
+    assert table["device"] == "cuda" and table["profiled_ms"] == 0 and table["warning"] == in_step.NO_KERNELS
+    assert in_step.NO_KERNELS in in_step.markdown(table, "The step")
+    assert "warning" not in profiled()  # a CPU's table has its operators
+
+
 @needs_cuda()
 def test_on_a_gpu_every_kernel_is_attributed_and_the_convolutions_name_their_kernels():
     table = profiled("--device=cuda", "--amp_mode=bf16", "--channels_last", device="cuda", steps=3)
-    assert table["attributed_ms"] == pytest.approx(table["profiled_ms"], rel=1e-3)
+    assert table["attributed_ms"] == pytest.approx(table["profiled_ms"], rel=1e-3) and "warning" not in table
     rows = {row["row"]: row for row in table["rows"]}
     assert all(rows[name]["ms"] > 0 and rows[name]["main"] for name in ("down 1", "up 1", "last"))
     assert rows["device idle (no kernel running)"]["ms"] >= 0

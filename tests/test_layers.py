@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from benchmarks import layers
 from conftest import ROOT
@@ -173,3 +174,25 @@ def test_a_list_of_layers_the_options_name_is_profiled_as_a_fourth_table(tmp_pat
     assert {layer for layer, form in chosen.items() if form != "plain"} == {"down 1", "last"}
     assert chosen["down 1"] == "space-to-depth" and chosen["last"] == "sub-pixel"
     assert "--exact_forms=[down.0.0,last], --jit_mode=none: the layers" in path.with_suffix(".md").read_text()
+
+
+def test_a_layer_alone_does_what_the_step_does_for_it_and_nothing_more():
+    """A layer timed alone takes its input in the autocast dtype (the layer before's output), so no cast of it is
+    timed, and returns its gradients without adding them to earlier ones (a step's backward writes them once):
+    the only casts are the weights', and the second call adds nothing up."""
+    from torch.autograd import DeviceType
+
+    from utils.optim import Precision
+
+    conv = torch.nn.ConvTranspose3d(16, 8, kernel_size=4, stride=2, padding=1)
+    shape = (2, 16, 8, 8, 8)
+    call = layers.layer_call(conv, shape, False, Precision("bf16", torch.device("cpu")), torch.device("cpu"),
+                             torch.channels_last_3d)
+    call()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as profiler:
+        call()
+    events = [event for event in profiler.events() if event.device_type == DeviceType.CPU]
+    casts = [list(event.input_shapes[0]) for event in events if event.name == "aten::_to_copy"]
+    assert casts and list(shape) not in casts  # the weight and bias are cast, the input is not
+    assert not [event for event in events if event.name in ("aten::add_", "aten::add") and event.cpu_parent is not None
+                and "AccumulateGrad" in event.cpu_parent.name]

@@ -305,7 +305,39 @@ headline_rung() {
     shift 3
     [[ " $* " == *" --jit_mode=compile "* ]] && environment=(env TORCHINDUCTOR_FORCE_LAYOUT_OPT=1)
     STEP_CAP=$cap step "$name" "$need" "${environment[@]}" "$PYTHON" -m benchmarks.ladder \
-        --measure_rung "$(rung_spec "$@")" --result "$RESULTS/headline/$name.json" "${HEADLINE_SIZES[@]}"
+        --measure_rung "$(rung_spec "$@")" --result "$RESULTS/headline/$name.json" "${HEADLINE_SIZES[@]}" || return 1
+    rung_numbers "$name" "$RESULTS/headline/$name.json"
+}
+
+committed_anchor() {
+    # The committed ladder's rung that the anchor repeats (the same options), on this device, in summary.txt: after
+    # the last step, as the lookup imports the ladder's tools.
+    "$PYTHON" - <<'EOF' | while read -r line; do summarize "$line"; done
+import torch
+from benchmarks.common import device_name, device_slug
+from benchmarks.suite.plan import EAGER_CHANNELS_LAST, measured_full
+
+try:
+    committed = f"FULL {measured_full(EAGER_CHANNELS_LAST, gpu=device_slug(device_name(torch.cuda.is_available()))):.1f}"
+except LookupError:
+    committed = "none in benchmarks/results/"
+print(f"anchor: the committed {EAGER_CHANNELS_LAST} on this device: {committed}")
+EOF
+    return 0
+}
+
+rung_numbers() {
+    # rung_numbers NAME FILE: the rung's numbers in summary.txt (its header has the committed run's, where there is one).
+    "$PYTHON" - "$@" <<'EOF' | while read -r line; do summarize "$line"; done
+import json, sys
+
+name, path = sys.argv[1:]
+rung = json.load(open(path))
+mfu, peak = (rung.get("mfu") or {}).get("full"), rung.get("peak_mem_gb")
+print(f"{name}: FULL {rung['full']:.1f}, SYNTHETIC {rung['synthetic']:.1f}, IO {rung['io']:.1f} samples/s"
+      + (f", MFU {mfu:.1%}" if mfu is not None else "") + (f", peak {peak:.1f} GB" if peak is not None else "")
+      + f", exact forms {rung['exact_forms']}")
+EOF
 }
 
 data_made() {
@@ -327,6 +359,39 @@ original_checkout() {
     echo "$checkout"
 }
 
+original_numbers() {
+    # original_numbers DIR: each of the original's runs in summary.txt, its samples/s (the epochs after the first)
+    # or its error, from benchmarks/original.py's JSON in DIR.
+    "$PYTHON" - "$1"/*.json <<'EOF' 2>/dev/null | while read -r line; do summarize "$line"; done
+import json, sys
+
+for path in sys.argv[1:]:
+    for run in json.load(open(path))["original_runs"]:
+        rate, error = run.get("samples_per_s"), run.get("error")
+        print(f"original, {run['name']}: " + (f"{rate:.1f} samples/s" if rate else "not measured")
+              + (f" ({error})" if error else ""))
+EOF
+    return 0
+}
+
+layers_warnings() {
+    # layers_warnings DIR: where the profiler traced no kernel here, the step layer by layer measured nothing (the
+    # layers step passed): its tables' warning, in summary.txt.
+    "$PYTHON" -c 'import json, sys
+print(*sorted({table["warning"] for path in sys.argv[1:] for table in json.load(open(path))["in_step"].values()
+               if table.get("warning")}), sep="\n")' "$1"/*.json 2>/dev/null |
+        while read -r line; do [ -n "$line" ] && summarize "layers: $line"; done
+    return 0
+}
+
+ncu_reason() {
+    # ncu_reason DIR: where ncu cannot run here (no ncu, an H200), the ncu step passes with no report: why, from
+    # its log, in summary.txt.
+    grep -s -m 1 '^ncu_layers: not run: ' "$1/ncu_layers.log" | sed 's/^ncu_layers: not run: /ncu: no report: /' |
+        while read -r line; do summarize "$line"; done
+    return 0
+}
+
 stage_headline() {
     # The numbers that decide, in one command, most valuable first (benchmarks/README.md, the headline): each step is not
     # started where its price no longer fits the budget, is ended at its cap, and is packed as it ends;
@@ -343,6 +408,7 @@ stage_headline() {
     #    the step layer by layer (plain, and in the forms), in the best rung's layout.
     STEP_CAP=150 step layers 110 "$PYTHON" -m benchmarks.layers --preset "$PRESET" "${PRECISION[@]}" --enable_fused \
         --channels_last --exact_forms=auto "${HEADLINE_LAYERS[@]}" --out_dir "$dir/layers" --overwrite || status=1
+    layers_warnings "$dir/layers"
     if ! data_made; then
         data= status=1
         note "steps compile-auto, compile-off, original and anchor not run: the data set was not made ($dir/data.log)"
@@ -363,14 +429,17 @@ stage_headline() {
     elif [ -n "$data" ]; then
         STEP_CAP=130 step original 100 "$PYTHON" -m benchmarks.original --original="$checkout" --data_dir "$DATA_DIR" \
             --epochs 2 --rungs none --out_dir "$dir/original" --overwrite "${help[@]}" || status=1
+        original_numbers "$dir/original"
     fi
     # 6. Nsight Compute on the first and last layers, plain and in their forms (it says why where it cannot run;
     #    with CPU_CHECK it prints its ncu command and runs the layers without it).
     STEP_CAP=75 step ncu 50 "$PYTHON" -m benchmarks.ncu_layers --preset "$PRESET" "${PRECISION[@]}" --enable_fused \
         --channels_last --exact_forms=off --out_dir "$dir/ncu" --overwrite "${NCU_OPTIONS[@]}" || status=1
+    ncu_reason "$dir/ncu"
     # 7. The committed best rung again (eager, channels_last, forms off): this machine against the committed H100.
     if [ -n "$data" ]; then
         headline_rung anchor 70 90 "${BEST[@]}" --jit_mode=none --exact_forms=off || status=1
+        committed_anchor
     fi
     echo "stage: $((SECONDS - START)) s of its budget of $((DEADLINE - START)) s" >> "$SUMMARY"
     return $status
