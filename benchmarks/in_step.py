@@ -228,15 +228,19 @@ def attribute(events, layer_names, cuda, layer_of_shapes=None):
 def range_span(event, range_names):
     """Whether a device event is a range's span, not a kernel: a CUDA profile records each ``record_function``
     range that launched kernels (the layers', the optimiser's) once more on the device, a
-    ``gpu_user_annotation`` from its first kernel's start to its last one's end, named as the range
-    (``is_user_annotation``, which torch 2.4 lacks; ``range_names``: the CPU events' names)."""
-    return bool(getattr(event, "is_user_annotation", False)) or event.name in range_names
+    ``gpu_user_annotation`` from its first kernel's start to its last one's end, named as the range. The event's
+    ``is_user_annotation`` says so; torch 2.4 lacks the flag, and there the span is told by its name among
+    ``range_names`` (CPU events that launched no kernel themselves: a compiled graph's Triton kernel is launched
+    inside a CPU event of its own name, and stays a kernel)."""
+    flag = getattr(event, "is_user_annotation", None)
+    return bool(flag) if flag is not None else event.name in range_names
 
 
 def device_kernel_us(events):
     """All the profiled kernels' time, whichever CPU event launched them (the attribution's check); the ranges'
     spans on the device (:func:`range_span`) are not kernels: they cover the kernels inside them."""
-    range_names = {event.name for event in events if event.device_type == torch.autograd.DeviceType.CPU}
+    range_names = {event.name for event in events
+                   if event.device_type == torch.autograd.DeviceType.CPU and not event.kernels}
     return sum(event.time_range.elapsed_us() for event in events
                if event.device_type == torch.autograd.DeviceType.CUDA and not range_span(event, range_names))
 

@@ -198,6 +198,27 @@ def test_on_a_gpu_the_ranges_spans_are_not_counted_as_kernels():
     assert in_step.check_attribution(True, kernels_us / 1e3, in_step.device_kernel_us(events) / 1e3) is None
 
 
+def test_on_a_gpu_a_compiled_graphs_kernels_named_as_their_launch_are_kernels():
+    """Inductor launches each Triton kernel inside a CPU event of the kernel's own name: that kernel is no range's
+    span and counts, with the flag (torch >= 2.5) and without it (2.4, where the spans are told by name)."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    events, kernels_us = cuda_profile_events()
+    layer = next(each for each in events if each.name == in_step.LAYER + "down 1")
+    name = "triton_poi_fused__to_copy_convolution_0"
+    launch = FunctionEvent(id=len(events), name=name, thread=1, start_us=90, end_us=95, use_device="cuda")
+    launch.set_cpu_parent(layer)
+    layer.append_cpu_child(launch)
+    launch.append_kernel(name, 0, 20)
+    events += [launch, FunctionEvent(id=len(events) + 1, name=name, thread=1, start_us=150, end_us=170,
+                                     device_type=DeviceType.CUDA, use_device="cuda")]
+    assert in_step.device_kernel_us(events) == kernels_us + 20
+    for each in events:
+        vars(each).pop("is_user_annotation", None)  # as torch 2.4 makes them
+    assert in_step.device_kernel_us(events) == kernels_us + 20
+
+
 def test_kernels_that_no_row_holds_are_said():
     """A kernel linked to no operator of the profile is in no row: the table says its rows fall short of the
     profile's kernel time (and where a row counted work twice, that it exceeds it), instead of showing fewer
