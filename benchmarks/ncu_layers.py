@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import glob
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -82,8 +83,8 @@ def why_not(ncu, force):
     if ncu is None:
         return "no ncu here (PATH, /opt/nvidia/nsight-compute, /usr/local/cuda)"
     name = torch.cuda.get_device_name(0)
-    for text, why in NO_PROFILER.items():
-        if text in name and not force:
+    for model, why in NO_PROFILER.items():
+        if re.search(rf"\b{model}\b", name) and not force:  # a whole word: "H200" is not the "GH200"
             return f"{name}: {why}"
     return None
 

@@ -18,8 +18,10 @@ def test_on_an_h200_ncu_is_not_started_and_the_log_says_why(tmp_path, monkeypatc
     assert log.startswith("ncu_layers: not run: NVIDIA H200: ") and "--force" in log
     assert "ncu_layers: not run: NVIDIA H200: " in capsys.readouterr().out
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ncu_layers.log"]
-    # An H100 is started; without a GPU the log says there is none, and a second run needs --overwrite.
+    # An H100 or a GH200 is started; without a GPU the log says there is none, and a second run needs --overwrite.
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert ncu_layers.why_not("/usr/local/cuda/bin/ncu", force=False) is None
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GH200 480GB")  # not an H200
     assert ncu_layers.why_not("/usr/local/cuda/bin/ncu", force=False) is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert ncu_layers.main(["--out_dir", str(tmp_path), "--overwrite"]) == 0
