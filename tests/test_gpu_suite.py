@@ -576,3 +576,18 @@ def test_the_headlines_summary_gives_the_committed_rung_the_anchor_repeats_on_th
     committed = suite_plan.measured_full(suite_plan.EAGER_CHANNELS_LAST, gpu="nvidia-h200")
     assert summarized(tmp_path, [("committed_anchor",)], {"PYTHONPATH": str(tmp_path)}) == [
         f"step anchor: the committed {suite_plan.EAGER_CHANNELS_LAST} on this device: FULL {committed:.1f}"]
+
+
+def test_the_committed_full_rate_comes_from_the_newest_results_of_the_gpu(tmp_path, monkeypatch):
+    """A device's ladder is committed again after a change: the anchor is the newest file's, whatever the
+    rest of its name; a rung the newest did not run comes from the one before."""
+    def committed(name, date, runs):
+        (tmp_path / f"{name}-{date}.json").write_text(json.dumps({"runs": runs}))
+
+    committed("nvidia-h100-80gb-hbm3", "2026-11-25", [{"name": "eager", "full": 1.0}, {"name": "old", "full": 3.0}])
+    committed("nvidia-h100-sxm", "2026-12-02", [{"name": "eager", "full": 2.0}, {"name": "old", "full": None}])
+    committed("nvidia-h200", "2026-12-09", [{"name": "eager", "full": 9.0}])
+    monkeypatch.setattr(suite_plan, "RESULTS", str(tmp_path))
+    assert suite_plan.measured_full("eager") == 2.0 and suite_plan.measured_full("old") == 3.0
+    with pytest.raises(LookupError, match="no committed nvidia-h100 run of 'new'"):
+        suite_plan.measured_full("new")

@@ -370,9 +370,15 @@ HEADLINE_RUNGS = {"compile-auto": [*ladder.COMPILED, "--exact_forms=auto"],
 NCU_S = 45  # python -m benchmarks.ncu_layers, estimated: the layers' autotuning, ncu's replays of about 40 kernels
 
 
+def run_date(path):
+    """The date a results file is named for (its name ends -YYYY-MM-DD.json)."""
+    return os.path.basename(path)[-len("YYYY-MM-DD.json"):]
+
+
 def measured_full(name, folder="", gpu="nvidia-h100"):
-    """FULL samples/s of the rung ``name`` in the committed ladder results of a ``gpu`` (benchmarks/results/<folder>)."""
-    for path in sorted(glob.glob(os.path.join(RESULTS, folder, f"{gpu}*.json"))):
+    """FULL samples/s of the rung ``name`` in the newest committed ladder results of a ``gpu`` that ran it
+    (benchmarks/results/<folder>/<gpu>...-<date>.json)."""
+    for path in sorted(glob.glob(os.path.join(RESULTS, folder, f"{gpu}*.json")), key=run_date, reverse=True):
         with open(path) as f:
             for run in json.load(f)["runs"]:
                 if run["name"] == name and run.get("full"):
