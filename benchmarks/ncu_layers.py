@@ -32,14 +32,13 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 
 import torch
 
 import train
-from benchmarks.common import ROOT, add_output_options, claim_files, relative, results_folder, run, user_folder
+from benchmarks.common import add_output_options, claim_files, outcome, relative, results_folder, run, user_folder
 from benchmarks.layers import PRESETS, layer_call, layer_flops, time_it
 from utils.YParams import load_params
 from utils.distributed import World
@@ -144,6 +143,8 @@ def main(argv=None):
     parser.add_argument("--overwrite", action="store_true", help="replace the results an earlier run left in the "
                         "output folder (refused without it)")
     parser.add_argument("--timeout", type=int, default=300, help="seconds for ncu's run")
+    parser.add_argument("--export_timeout", type=int, default=120, help="seconds for exporting its report's "
+                        "table as CSV, after the run")
     parser.add_argument("--run", action="store_true", help=argparse.SUPPRESS)  # the process ncu profiles
     args, options = parser.parse_known_args(argv)  # the rest: train.py options (--channels_last, --amp_mode=...)
     if args.run:
@@ -171,14 +172,20 @@ def main(argv=None):
         return 0
     start = time.perf_counter()
     code = run(command, log, args.timeout, mode="a")
-    print(f"{NAME}: ncu ended ({code if isinstance(code, str) else f'exit status {code}'}) after "
-          f"{time.perf_counter() - start:.0f} s; its log: {relative(log)}")
+    print(f"{NAME}: ncu ended ({outcome(code)}) after {time.perf_counter() - start:.0f} s; its log: {relative(log)}")
     if not os.path.exists(base + ".ncu-rep"):
         print(f"{NAME}: ncu wrote no report; the end of its log:\n" + "".join(open(log).readlines()[-20:]))
         return 1
-    with open(base + ".csv", "w") as csv:
-        subprocess.run([ncu, "--import", base + ".ncu-rep", "--page", "details", "--csv"], cwd=ROOT, stdout=csv,
-                       stderr=subprocess.STDOUT, timeout=120)
+    export = [ncu, "--import", base + ".ncu-rep", "--page", "details", "--csv"]
+    exported = run(export, base + ".csv", args.export_timeout)
+    if exported != 0:  # the report stays: its table can be exported later, on any machine with ncu
+        with open(base + ".csv") as output, open(log, "a") as f:
+            f.write(f"$ {shlex.join(export)}\n{output.read()}")
+        os.remove(base + ".csv")
+        print(f"{NAME}: its table was not exported ({outcome(exported)}); export it later with: ncu --import "
+              f"{relative(base)}.ncu-rep --page details --csv > {relative(base)}.csv")
+        print(f"{NAME}: results: {relative(base)}.ncu-rep, {relative(log)}")
+        return 1
     print(f"{NAME}: results: {relative(base)}.ncu-rep, {relative(base)}.csv, {relative(log)}")
     return 0 if code == 0 else 1
 

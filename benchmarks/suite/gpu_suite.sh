@@ -117,7 +117,7 @@ else
     LADDER_SIZES=(--nbatches 6 --ntrials 2 --nwarmup 1)
     PROFILE_ONLY=() LAYERS_SIZES=() SCALING_SIZES=() LOADER_ONLY=()
     HEADLINE_SIZES=(--nbatches 12 --ntrials 3 --nwarmup 1)
-    HEADLINE_LAYERS=(--repeats 10 --in_step_steps 3) NCU_OPTIONS=(--timeout 60)
+    HEADLINE_LAYERS=(--repeats 10 --in_step_steps 3) NCU_OPTIONS=(--timeout 55 --export_timeout 15)
     BOX=256 COMMON=(--config=base --device=cuda) PRECISION=(--amp_mode=bf16)
 fi
 # The headline's rungs (benchmarks/ladder.py's + channels_last and + torch.compile, the exact forms named):
