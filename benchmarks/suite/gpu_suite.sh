@@ -312,32 +312,13 @@ headline_rung() {
 committed_anchor() {
     # The committed ladder's rung that the anchor repeats (the same options), on this device, in summary.txt: after
     # the last step, as the lookup imports the ladder's tools.
-    "$PYTHON" - <<'EOF' | while read -r line; do summarize "$line"; done
-import torch
-from benchmarks.common import device_name, device_slug
-from benchmarks.suite.plan import EAGER_CHANNELS_LAST, measured_full
-
-try:
-    committed = f"FULL {measured_full(EAGER_CHANNELS_LAST, gpu=device_slug(device_name(torch.cuda.is_available()))):.1f}"
-except LookupError:
-    committed = "none in benchmarks/results/"
-print(f"anchor: the committed {EAGER_CHANNELS_LAST} on this device: {committed}")
-EOF
+    "$PYTHON" -m benchmarks.suite.summary anchor | while read -r line; do summarize "$line"; done
     return 0
 }
 
 rung_numbers() {
     # rung_numbers NAME FILE: the rung's numbers in summary.txt (its header has the committed run's, where there is one).
-    "$PYTHON" - "$@" <<'EOF' | while read -r line; do summarize "$line"; done
-import json, sys
-
-name, path = sys.argv[1:]
-rung = json.load(open(path))
-mfu, peak = (rung.get("mfu") or {}).get("full"), rung.get("peak_mem_gb")
-print(f"{name}: FULL {rung['full']:.1f}, SYNTHETIC {rung['synthetic']:.1f}, IO {rung['io']:.1f} samples/s"
-      + (f", MFU {mfu:.1%}" if mfu is not None else "") + (f", peak {peak:.1f} GB" if peak is not None else "")
-      + f", exact forms {rung['exact_forms']}")
-EOF
+    "$PYTHON" -m benchmarks.suite.summary rung "$@" | while read -r line; do summarize "$line"; done
 }
 
 data_made() {
@@ -362,25 +343,14 @@ original_checkout() {
 original_numbers() {
     # original_numbers DIR: each of the original's runs in summary.txt, its samples/s (the epochs after the first)
     # or its error, from benchmarks/original.py's JSON in DIR.
-    "$PYTHON" - "$1"/*.json <<'EOF' 2>/dev/null | while read -r line; do summarize "$line"; done
-import json, sys
-
-for path in sys.argv[1:]:
-    for run in json.load(open(path))["original_runs"]:
-        rate, error = run.get("samples_per_s"), run.get("error")
-        print(f"original, {run['name']}: " + (f"{rate:.1f} samples/s" if rate else "not measured")
-              + (f" ({error})" if error else ""))
-EOF
+    "$PYTHON" -m benchmarks.suite.summary original "$1"/*.json | while read -r line; do summarize "$line"; done
     return 0
 }
 
 layers_warnings() {
     # layers_warnings DIR: where the profiler traced no kernel here, the step layer by layer measured nothing (the
     # layers step passed): its tables' warning, in summary.txt.
-    "$PYTHON" -c 'import json, sys
-print(*sorted({table["warning"] for path in sys.argv[1:] for table in json.load(open(path))["in_step"].values()
-               if table.get("warning")}), sep="\n")' "$1"/*.json 2>/dev/null |
-        while read -r line; do [ -n "$line" ] && summarize "layers: $line"; done
+    "$PYTHON" -m benchmarks.suite.summary layers "$1"/*.json | while read -r line; do summarize "$line"; done
     return 0
 }
 
