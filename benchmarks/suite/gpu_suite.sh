@@ -281,12 +281,7 @@ headline_header() {
     # What the headline's numbers depend on: the commit, the date, the device and its software.
     echo "# benchmarks/suite/gpu_suite.sh headline, $(date -u +%FT%TZ), commit" \
          "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}${CPU_CHECK:+, CPU_CHECK=1}"
-    "$PYTHON" -c 'import platform, torch
-from benchmarks.common import device_name, software
-print("device:", device_name(torch.cuda.is_available()))
-print("python:", platform.python_version())
-for key, value in software().items():
-    print(f"{key}:", value)'
+    "$PYTHON" -m benchmarks.suite.summary software
 }
 
 rung_spec() {

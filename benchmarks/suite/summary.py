@@ -1,7 +1,8 @@
 """The lines the GPU suite's headline writes into its summary.txt, read from its tools' results.
 
-benchmarks/suite/gpu_suite.sh calls one of these after each step, and adds each printed line to summary.txt::
+benchmarks/suite/gpu_suite.sh calls these as it goes, and adds each printed line to summary.txt::
 
+    python -m benchmarks.suite.summary software            # the header: the device, Python and the libraries
     python -m benchmarks.suite.summary rung NAME FILE      # one rung's numbers (benchmarks/ladder.py --measure_rung)
     python -m benchmarks.suite.summary original FILE...    # the original tutorial's runs (benchmarks/original.py)
     python -m benchmarks.suite.summary layers FILE...      # why the step layer by layer measured nothing, if it did not
@@ -21,6 +22,20 @@ def read(paths):
         if os.path.isfile(path):
             with open(path) as f:
                 yield json.load(f)
+
+
+def software():
+    """What every number below depends on: the device, Python's version and the libraries'."""
+    import platform
+
+    import torch
+
+    from benchmarks.common import device_name, software as libraries
+
+    yield f"device: {device_name(torch.cuda.is_available())}"
+    yield f"python: {platform.python_version()}"
+    for key, value in libraries().items():
+        yield f"{key}: {value}"
 
 
 def rung(name, path):
@@ -66,7 +81,8 @@ def anchor():
 
 def main(argv=None):
     what, *arguments = sys.argv[1:] if argv is None else argv
-    for line in {"rung": rung, "original": original, "layers": layers, "anchor": anchor}[what](*arguments):
+    for line in {"software": software, "rung": rung, "original": original, "layers": layers,
+                          "anchor": anchor}[what](*arguments):
         print(line)
 
 
