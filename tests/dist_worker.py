@@ -175,16 +175,22 @@ def ranks_device():
     return device
 
 
+def save_or_record(out_dir, base, run):
+    """``run()``'s result in ``base``.pt, or its traceback in ``base``.error: each variant is recorded on its own,
+    so that each test reports its own failure."""
+    try:
+        torch.save(run(), os.path.join(out_dir, f"{base}.pt"))
+    except Exception:
+        with open(os.path.join(out_dir, f"{base}.error"), "w") as f:
+            f.write(traceback.format_exc())
+
+
 def run_variants(world, out_dir, device=torch.device("cpu")):
     runs = [(name, overrides, None) for name, overrides in VARIANTS.items()]
     runs += [(name, {}, hook) for name, hook in BROKEN.items()]
     for name, overrides, hook in runs:
-        try:
-            result = train(make_params(**overrides), world, device, hook=hook)
-            torch.save(result, os.path.join(out_dir, f"{name}.rank{world.rank}.pt"))
-        except Exception:  # recorded per variant, so that each test reports its own failure
-            with open(os.path.join(out_dir, f"{name}.rank{world.rank}.error"), "w") as f:
-                f.write(traceback.format_exc())
+        save_or_record(out_dir, f"{name}.rank{world.rank}",
+                       lambda: train(make_params(**overrides), world, device, hook=hook))
     agreed = {
         "rank0_flags": distributed.agree_to_stop(world.rank == 0, world, device),
         "none_flags": distributed.agree_to_stop(False, world, device),
@@ -263,12 +269,8 @@ def train_accumulating(params, world, device=torch.device("cpu"), accumulation=G
 
 def run_accumulation(world, out_dir, device=torch.device("cpu")):
     for name, (overrides, accumulation) in ACCUMULATION.items():
-        try:
-            result = train_accumulating(make_params(**overrides), world, device, accumulation=accumulation)
-            torch.save(result, os.path.join(out_dir, f"{name}.rank{world.rank}.pt"))
-        except Exception:  # recorded per variant, so that each test reports its own failure
-            with open(os.path.join(out_dir, f"{name}.rank{world.rank}.error"), "w") as f:
-                f.write(traceback.format_exc())
+        save_or_record(out_dir, f"{name}.rank{world.rank}",
+                       lambda: train_accumulating(make_params(**overrides), world, device, accumulation=accumulation))
 
 
 # ----------------------------------------------------------------------------- DDP's knobs
