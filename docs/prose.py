@@ -26,7 +26,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE_PATH = ("README.md", "docs/01-set-up.md", "docs/02-single-device.md", "docs/03-profiling-and-optimisation.md",
              "docs/04-distributed.md")
-SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\[(])")
+SENTENCE_END = re.compile(r"(?<=[.!?])(?:\[\^[^\]\s]+\])?\s+(?=[A-Z`\[(])")  # a footnote mark may follow
 DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
 COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
 LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")

@@ -50,6 +50,8 @@ def test_prose_is_paragraphs_list_items_and_quotes_without_headings_code_tables_
 def test_sentences_end_before_a_capital_a_backtick_or_a_bracket():
     paragraph = "Run the demo. It trains (fast) and prints the loss! Does it halve? `make demo` is it. (Yes.) e.g. not here"
     assert [len(each.split()) for each in prose.sentences(paragraph)] == [3, 7, 3, 4, 4]
+    assert prose.sentences("The first took 218 s.[^epochs] The later ones took 5 s.") == [
+        "The first took 218 s.", "The later ones took 5 s."]  # a footnote's mark ends it too
 
 
 def test_the_figures_of_a_text():
