@@ -22,7 +22,8 @@ def test_the_cpu_half_runs_and_names_what_it_skipped(tmp_path):
                             capture_output=True, text=True, timeout=timeout_for(120))
     assert result.returncode == 0, result.stdout + result.stderr
     printed = [line for line in result.stdout.splitlines() if line.startswith("preflight: ")]
-    assert printed[0].startswith(f"preflight: torch {torch.__version__}, CUDA None, cuDNN none")
+    # the CUDA its build was made for (None for a CPU build; PyPI's torch 2.4.1 for Linux is a CUDA build), no cuDNN
+    assert printed[0].startswith(f"preflight: torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN none")
     assert any(line.startswith("preflight: /dev/shm: ") for line in printed)
     assert any(line.startswith("preflight: torch.compile: ") for line in printed)
     assert any(line.startswith("preflight: DALI: ") for line in printed)
