@@ -81,8 +81,8 @@ def anchor():
 
 def main(argv=None):
     what, *arguments = sys.argv[1:] if argv is None else argv
-    for line in {"software": software, "rung": rung, "original": original, "layers": layers,
-                          "anchor": anchor}[what](*arguments):
+    lines = {"software": software, "rung": rung, "original": original, "layers": layers, "anchor": anchor}[what]
+    for line in lines(*arguments):
         print(line)
 
 
