@@ -10,6 +10,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+# Where torch comes from on Linux without an NVIDIA driver: PyTorch's CPU wheels (see the venv's rule).
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 PY := $(VENV)/bin/python
 RUN_NUM ?= $(shell date +%Y%m%d-%H%M%S)
 DATA := data/synthetic_train.h5 data/synthetic_valid.h5
@@ -54,6 +56,18 @@ data: $(DATA)
 $(DATA): | $(VENV)/.installed
 	$(PY) -m utils.generate_data --out_dir data
 
+# torch's index, as pip's option. PyPI's torch for Linux is the CUDA build: with its NVIDIA libraries,
+# 2.7 GB of wheels on x86-64, where PyTorch's CPU build is 0.2 GB. So on Linux without an NVIDIA driver
+# (no nvidia-smi, no /proc/driver/nvidia) this shell snippet prints "--index-url $(TORCH_INDEX_URL)". It
+# prints nothing (pip's default index) on macOS, with a driver, with TORCH_INDEX_URL= (empty), and when
+# that index does not answer within 5 s: then it says so in one line.
+torch_index_option = if [ -n "$(TORCH_INDEX_URL)" ] && [ "$$(uname -s)" = Linux ] \
+	&& [ ! -e /proc/driver/nvidia ] && ! command -v nvidia-smi >/dev/null; then \
+	if timeout 5 $(PYTHON) -c 'import sys, urllib.request as r; r.urlopen(r.Request(sys.argv[1], method="HEAD"))' \
+		"$(patsubst %/,%,$(TORCH_INDEX_URL))/torch/" 2>/dev/null; then echo "--index-url $(TORCH_INDEX_URL)"; \
+	else echo "note: $(TORCH_INDEX_URL) did not answer within 5 s, so torch comes from pip's default index" \
+		"(PyPI's torch for Linux is the CUDA build: 2.7 GB on x86-64)." >&2; fi; fi
+
 # The virtual environment. torch comes first, pinned to the tested version unless one is already
 # importable (venvs made with VENV_FLAGS=--system-site-packages see a container's torch).
 $(VENV)/.installed: requirements.txt
@@ -62,7 +76,8 @@ $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV) || { rm -rf $(VENV); echo "error: $(PYTHON) could not \
 		make the virtual environment $(VENV): install its venv module (Debian, Ubuntu: apt-get install python3-venv) \
 		or name another Python, e.g. make demo PYTHON=python3.12."; exit 1; }
-	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH)"
+	@$(PY) -c 'import torch' 2>/dev/null || { index=$$($(torch_index_option)); \
+		echo "$(PY) -m pip install --quiet $$index $(TORCH)"; $(PY) -m pip install --quiet $$index "$(TORCH)"; }
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $@
 
