@@ -352,7 +352,8 @@ def main(argv=None):
     parser.add_argument("--out_dir", default=DEFAULT_OUT_DIR, help="where the PNGs go (default: tutorial_images/)")
     parser.add_argument("--gui", default=None, help=f"the nsys-ui to run (default: ${GUI_VARIABLE}, else the first "
                                                     "found: PATH, beside nsys, /opt/nvidia, Debian's unpacked)")
-    parser.add_argument("--size", default=f"{SIZE[0]}x{SIZE[1]}", help="the window, WIDTHxHEIGHT (default: %(default)s)")
+    parser.add_argument("--size", default=f"{SIZE[0]}x{SIZE[1]}",
+                        help="the window, WIDTHxHEIGHT (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each stage")
     args = parser.parse_args(argv)
     try:

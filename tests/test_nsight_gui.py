@@ -21,8 +21,9 @@ from utils.errors import UserError
 
 REPORT = os.path.join(ROOT, "sample_nsys_profiles", "cpu", "baseline.nsys-rep")
 COMMITTED = os.path.join(ROOT, "tutorial_images", "nsys_gui_sample_nsys_profiles_cpu_baseline.png")
-# The GUI's colour for a thread's CPU use, the dark green bar under each thread's row (2022.4's light theme).
-CPU_USE_GREEN = (10, 81, 38)
+# The dark green strip under a thread's row, "Likely running" in the GUI's tooltip (a state it infers from the
+# OS calls; 2022.4's light theme).
+RUNNING_GREEN = (10, 81, 38)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,7 @@ def test_a_gui_that_is_not_there_is_refused_in_one_paragraph(tmp_path):
 @pytest.mark.slow
 def test_the_gui_draws_the_committed_report(gui, tmp_path):
     """`python -m figures.nsight_gui` opens the CPU baseline in the GUI and saves the timeline it drew: the
-    window's size, the CPU-use bars of the run's threads in the GUI's colours (the channels in their order),
+    window's size, the "likely running" strips of the run's threads in the GUI's colour (the channels in their order),
     and every row shown (the events view below dragged shut)."""
     result = subprocess.run([sys.executable, "-m", "figures.nsight_gui", REPORT, "--out_dir", str(tmp_path),
                              "--gui", gui], cwd=ROOT, capture_output=True, text=True, timeout=timeout_for(180))
@@ -94,7 +95,7 @@ def test_the_gui_draws_the_committed_report(gui, tmp_path):
     assert (width, height) == nsight_gui.SIZE
     assert pixels.std() > 20 and len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50  # not a flat screen
     timeline = pixels[:, width // 3:]  # right of the project explorer and the rows' names
-    green = (timeline == np.array(CPU_USE_GREEN, dtype=np.uint8)).all(axis=-1)
+    green = (timeline == np.array(RUNNING_GREEN, dtype=np.uint8)).all(axis=-1)
     assert green.mean() > 0.002, float(green.mean())  # the loading screen and an empty report have none
     assert nsight_gui.splitter_row(pixels) is None  # the bar above the events view is no longer mid-screen
 
