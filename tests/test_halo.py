@@ -57,10 +57,12 @@ def test_sharded_conv_and_transposed_conv_equal_the_undivided_ones_in_float64(me
                 assert difference < 1e-12, (mesh, layer, quantity, difference)
 
 
-@pytest.mark.parametrize("mesh", [[4, 1, 1], [3, 3, 1]], ids=["4-depth", "3x3"])
+@pytest.mark.parametrize("mesh", [[4, 1, 1], [3, 3, 1], [2, 2, 2]], ids=["4-depth", "3x3", "2x2x2"])
 def test_blocks_with_neighbours_on_both_sides_equal_the_undivided_layers(mesh, tmp_path):
     """Middle blocks: [4, 1, 1] (docs/06 runs it) has two along depth; [3, 3, 1] has one with neighbours
-    on both sides along depth and height at once, and middle blocks at the edges of the other axis."""
+    on both sides along depth and height at once, and middle blocks at the edges of the other axis;
+    [2, 2, 2] splits all three axes, so every block's corner voxel comes from the diagonal neighbour
+    across all three (two hops through the others, forward and backward)."""
     size = mesh[0] * mesh[1] * mesh[2]
     for result in run_ranks("layers", mesh, tmp_path, world_size=size, timeout=timeout_for(60)):
         for layer in ("Conv3d", "ConvTranspose3d"):
@@ -78,7 +80,7 @@ def test_under_bf16_autocast_the_block_computes_in_bf16_and_returns_float32_grad
                 assert result[layer][quantity] < 2e-2, (layer, quantity, result[layer])
 
 
-@pytest.mark.parametrize("mesh", AXES + [[2, 2, 1]], ids=["depth", "height", "width", "2x2"])
+@pytest.mark.parametrize("mesh", AXES + [[2, 2, 1], [2, 2, 2]], ids=["depth", "height", "width", "2x2", "2x2x2"])
 def test_the_small_unet_at_128_on_blocks_equals_the_undivided_one(mesh, tmp_path):
     """base_channels 4, full scale, 128^3, float32: outputs and summed weight gradients within 1e-4; the
     halo exchanges counted, and no collective (all-gather of a volume or otherwise) in forward or backward."""

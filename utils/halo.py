@@ -6,15 +6,17 @@ U-Net on that block alone. Every convolution of the U-Net (kernel 4, stride 2, p
 voxel beyond each face of an output's input window: at a face between two blocks that voxel lives
 on the neighbour. So before each convolution a rank sends its first and last slice along every
 split axis to the neighbours there and receives theirs (the halo), pads its block with them, and
-convolves with no padding along that axis (where the block touches the crop's face there is no
-neighbour and the halo is zeros, the convolution's own padding). The outputs are then exactly the
-undivided model's, block by block.
+convolves with no padding along that axis. Where the block touches the crop's face there is no
+neighbour: the padded copy gets one slice of zeros there, the undivided convolution's own padding,
+and nothing is sent, received or saved for it. The outputs are then the undivided model's, block by
+block, up to the rounding of sums taken in another order.
 
 The backward pass is the same exchange in reverse: the gradient that arrives for a halo voxel
 belongs to the neighbour who sent it, so it is sent back and added to that neighbour's face.
 :class:`HaloConvFunction` is that pair around the convolution, an autograd function on
-``torch.distributed`` point-to-point messages (NCCL between GPUs, gloo between CPU processes), two
-sends and two receives per split axis in one batch (:func:`swap_faces`). Exchanging along depth
+``torch.distributed`` point-to-point messages (NCCL between GPUs, gloo between CPU processes), up to
+two sends and two receives per split axis in one batch (:func:`swap_faces`), waited for before the
+convolution runs: nothing overlaps the messages with compute. Exchanging along depth
 first, then height (with the depth halo included), then width fills the edges and corners too, so a
 2 x 2 mesh needs no diagonal messages.
 
@@ -43,38 +45,57 @@ def reset_counters():
 
 def swap_faces(to_lower, to_upper, lower, upper, group):
     """Send ``to_lower`` to rank ``lower`` and ``to_upper`` to rank ``upper``; receive what they send
-    back (zeros where there is no neighbour, at the crop's faces). One batch of point-to-point
-    messages, so the two directions travel at the same time."""
-    from_lower, from_upper = torch.zeros_like(to_lower), torch.zeros_like(to_upper)
-    operations = []
-    for peer, outgoing, incoming in ((lower, to_lower, from_lower), (upper, to_upper, from_upper)):
+    back: ``(from_lower, from_upper)``, None where there is no neighbour (at the crop's faces). One batch
+    of point-to-point messages, so the two directions travel at the same time. Blocking: it returns
+    when the messages have arrived, and nothing computes while they travel."""
+    received, operations = [], []
+    for peer, outgoing in ((lower, to_lower), (upper, to_upper)):
+        incoming = None
         if peer is not None:
+            incoming = torch.empty_like(outgoing, memory_format=torch.contiguous_format)
             operations += [dist.P2POp(dist.isend, outgoing.contiguous(), peer, group),
                            dist.P2POp(dist.irecv, incoming, peer, group)]
             COUNTERS["bytes_sent"] += outgoing.numel() * outgoing.element_size()
+        received.append(incoming)
     COUNTERS["exchanges"] += 1
     if operations:  # every rank of the group calls this in the same layer, as NCCL's first call needs
         for request in dist.batch_isend_irecv(operations):
             request.wait()  # NCCL: the compute stream waits for the messages, the host does not
-    return from_lower, from_upper
+    return tuple(received)
+
+
+def padded(x, dim, from_lower, from_upper):
+    """``x`` with one slice more at each end of ``dim``: the neighbour's face, or zeros where there is
+    none (the undivided convolution's padding, written into the copy: no tensor of zeros is made)."""
+    shape = list(x.shape)
+    shape[dim] += 2 * HALO
+    out = x.new_empty(shape)
+    out.narrow(dim, HALO, x.size(dim)).copy_(x)
+    for start, face in ((0, from_lower), (shape[dim] - HALO, from_upper)):
+        end = out.narrow(dim, start, HALO)
+        end.zero_() if face is None else end.copy_(face)
+    return out
 
 
 def add_halo(x, dim, lower, upper, group):
-    """``x`` padded along ``dim`` with one face of each neighbour: ``(padded, from_lower, from_upper)``."""
+    """``x`` padded along ``dim`` with one face of each neighbour: ``(padded, from_lower, from_upper)``,
+    the faces None at the crop's faces."""
     side = x.size(dim)
     from_lower, from_upper = swap_faces(x.narrow(dim, 0, HALO), x.narrow(dim, side - HALO, HALO), lower, upper, group)
-    return torch.cat([from_lower, x, from_upper], dim), from_lower, from_upper
+    return padded(x, dim, from_lower, from_upper), from_lower, from_upper
 
 
 def return_halo_gradient(grad, dim, lower, upper, group):
     """The backward of :func:`add_halo`: the halo's gradients go back to the faces they came from, and the
-    neighbours' come back and are added to ours."""
+    neighbours' come back and are added to ours. At the crop's faces the padding's gradient is dropped."""
     side = grad.size(dim) - 2 * HALO
     from_lower, from_upper = swap_faces(grad.narrow(dim, 0, HALO), grad.narrow(dim, side + HALO, HALO),
                                         lower, upper, group)
     grad_x = grad.narrow(dim, HALO, side).clone()
-    grad_x.narrow(dim, 0, HALO).add_(from_lower)
-    grad_x.narrow(dim, side - HALO, HALO).add_(from_upper)
+    if from_lower is not None:
+        grad_x.narrow(dim, 0, HALO).add_(from_lower)
+    if from_upper is not None:
+        grad_x.narrow(dim, side - HALO, HALO).add_(from_upper)
     return grad_x
 
 
@@ -82,10 +103,12 @@ class HaloConvFunction(torch.autograd.Function):
     """Halo exchange and convolution of one block, forward and backward, as one autograd function.
 
     Forward: pad the block with the neighbours' faces along each split axis (depth, then height, then
-    width), convolve. It saves the block and the thin halos, not the padded copy: the block is the tensor
-    the previous layer's activation saves anyway, so a rank holds about 1/N of the undivided activations
-    (a padded copy kept for backward would double them). Backward: rebuild the padded block, the
-    convolution's gradients, then the halo gradients sent back to the neighbours, axes in reverse order.
+    width), convolve. It saves the block and the thin halos received (none at the crop's faces), not the
+    padded copy: the block is the tensor the previous layer's activation saves anyway, so a rank holds
+    about 1/N of the undivided activations (a padded copy kept for backward would double them). The
+    padded copies are transient, one per split axis, but they count towards the peak memory. Backward:
+    rebuild the padded block, the convolution's gradients, then the halo gradients sent back to the
+    neighbours, axes in reverse order.
     Under autocast the convolution runs in the autocast dtype, in both directions. The backward pass
     is the form's own (``form.backward``: the plain layer's is ``aten.convolution_backward``, an exact
     form's rearranges the gradients around its own convolution's), so the halo stays exact in either form.
@@ -93,25 +116,25 @@ class HaloConvFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, layer):
-        padded, halos = x, []
+        block, halos = x, []
         for axis in layer.split_axes:
             lower, upper = layer.mesh.neighbours[axis]
-            padded, from_lower, from_upper = add_halo(padded, 2 + axis, lower, upper, layer.mesh.group)
+            block, from_lower, from_upper = add_halo(block, 2 + axis, lower, upper, layer.mesh.group)
             halos += [from_lower, from_upper]
-        output = layer.convolve(padded, weight, bias)
+        output = layer.convolve(block, weight, bias)
         ctx.layer, ctx.dtype, ctx.has_bias = layer, output.dtype, bias is not None
-        ctx.save_for_backward(x, weight, *halos)
+        ctx.save_for_backward(x, weight, *halos)  # None for the faces that are the crop's
         return output
 
     @staticmethod
     def backward(ctx, grad_output):
         layer = ctx.layer
         x, weight, *halos = ctx.saved_tensors
-        padded = x
+        block = x
         for index, axis in enumerate(layer.split_axes):
-            padded = torch.cat([halos[2 * index], padded, halos[2 * index + 1]], 2 + axis)
+            block = padded(block, 2 + axis, halos[2 * index], halos[2 * index + 1])
         grad_padded, grad_weight, grad_bias = layer.form.backward(
-            layer.uncropped(grad_output).to(ctx.dtype), padded.to(ctx.dtype), weight.to(ctx.dtype), layer.padding,
+            layer.uncropped(grad_output).to(ctx.dtype), block.to(ctx.dtype), weight.to(ctx.dtype), layer.padding,
             [ctx.needs_input_grad[0], True, ctx.has_bias])
         grad_x = None
         if ctx.needs_input_grad[0]:  # the U-Net's input needs none: its halos need not travel back
