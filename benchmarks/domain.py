@@ -1,4 +1,4 @@
-"""Domain parallelism's costs, measured beside the model's prediction: memory per rank and halo bytes.
+"""Domain parallelism's costs, counted beside the model's prediction: memory per rank and halo bytes.
 
     python -m benchmarks.domain                              # CPU: full-width U-Net, 128^3 on 1 and 2 ranks
     python -m benchmarks.domain --crops 128 256 --ranks 1 2 4 # and 256^3 on 1, 2 and 4 ranks
@@ -9,13 +9,18 @@ width; batch 1, fp32) on their blocks, and report:
 
 * the bytes of the activations saved for the backward pass on each rank (every tensor the autograd
   graph keeps, counted once per storage, parameters excluded), read with ``saved_tensors_hooks``;
-* the halo bytes of the step, forward and backward: what all ranks sent to their neighbours together,
-  the mean per rank, and what the busiest rank sent (one with a neighbour on each side of a split axis).
+* the halo bytes of the step, forward and backward, as utils/halo.py counts what it posts: what all
+  ranks sent to their neighbours together, the mean per rank, and what the busiest rank sent (one
+  with a neighbour on each side of a split axis).
 
-Beside each measurement is the prediction made from the U-Net's shapes alone (:func:`predict`), and a
-second table extends the prediction to 512^3 and 1024^3 crops: per-rank activations plus the model's
-parameters, gradients and Adam state, against the memory of an 80 GB H100, and the smallest mesh whose
-ranks fit. Those rows are predictions: no GPU run of domain parallelism is in the repository yet.
+Both are counts, not a reading of the memory or the wire: beside each is the prediction made from
+the U-Net's shapes alone (:func:`predict`), and their agreement checks that the prediction describes
+the code. The peak memory is higher: the padded copies, DDP's buckets and the workspace come on top.
+
+Two more tables are computed, not measured (no GPU run of domain parallelism is in the repository
+yet): the prediction extended to 512^3 and 1024^3 crops (per-rank activations plus the model's
+parameters, gradients and Adam state, against an 80 GB H100's memory, and the smallest mesh whose
+ranks fit), and a step's halo cost on DGX H100 nodes against its compute (:func:`costs`).
 
 Results: ``runs/benchmarks/domain/<device>-<date>/domain.json`` and ``domain.md`` (``-2``, ``-3``, ...
 when that folder holds files); ``--committed`` writes under ``benchmarks/results/domain/`` instead,
@@ -38,11 +43,14 @@ from benchmarks.common import (add_output_options, claim_folder, device_name, de
 from networks.UNet import UNet  # noqa: E402
 from utils.YParams import YParams  # noqa: E402
 from utils.errors import UserError, exit_on_user_error  # noqa: E402
+from utils.halo import HALO  # noqa: E402
 
 MIB, GIB = 2**20, 2**30
 H100_BYTES = 80e9   # an H100 SXM's memory
 ADAM_BYTES_PER_PARAMETER = 16  # fp32 weight, gradient and Adam's two moments
-MESHES = ([1, 1, 1], [2, 1, 1], [2, 2, 1], [2, 2, 2], [4, 2, 2], [4, 4, 2], [4, 4, 4], [8, 4, 4], [8, 8, 4],
+# Past the 8 GPUs of a node the axis split the most ways comes last: its neighbours are consecutive ranks,
+# on the same node, and its faces are the block's largest (docs/06, placing a group on the nodes).
+MESHES = ([1, 1, 1], [2, 1, 1], [2, 2, 1], [2, 2, 2], [2, 2, 4], [2, 4, 4], [4, 4, 4], [4, 4, 8], [4, 8, 8],
           [8, 8, 8])
 
 
@@ -71,50 +79,49 @@ def unet_tensors(crop, base, full_scale=True, n_in=4, n_out=5):
     return saved, conv_inputs
 
 
-def predict(crop, base, mesh, full_scale=True, bytes_per_value=4):
-    """Predicted ``(saved bytes per rank, halo bytes per step)`` for one sample split over ``mesh``.
+def faces(channels, side, mesh):
+    """One face of a block of a convolution's (channels, side^3) input, per split axis in exchange order:
+    ``[(axis, values)]``. Each face includes the halos of the axes exchanged before it."""
+    block, result = [side // parts for parts in mesh], []
+    for axis in range(3):
+        if mesh[axis] > 1:
+            result.append((axis, channels * block[(axis + 1) % 3] * block[(axis + 2) % 3]))
+            block[axis] += 2 * HALO
+    return result
 
-    Per rank: every saved tensor's block (its side divided by the mesh), plus the two halo slabs per
-    split axis that each convolution keeps with its input (axes in exchange order, so later slabs
-    include the earlier halos). Halo bytes: each face between two blocks carries one slab each way,
-    per convolution forward and per convolution but the first backward (the input needs no gradient).
+
+def busiest_slabs(crop, base, mesh, full_scale=True):
+    """Values of the halo slabs that the busiest rank receives, keeps for backward and sends, per
+    convolution in the U-Net's order: one per neighbour along each split axis, so two on an axis split
+    three ways or more (a middle block) and one on an axis split in two. A face that is the crop's has none."""
+    _, conv_inputs = unet_tensors(crop, base, full_scale)
+    return [sum(min(2, mesh[axis] - 1) * values for axis, values in faces(channels, side, mesh))
+            for channels, side in conv_inputs]
+
+
+def predict(crop, base, mesh, full_scale=True, bytes_per_value=4):
+    """Predicted ``(saved bytes on the busiest rank, halo bytes per step)`` for one sample split over ``mesh``.
+
+    Saved: every saved tensor's block (its side divided by the mesh), plus the halo slabs each
+    convolution keeps with its input on the rank with the most neighbours (:func:`busiest_slabs`).
+    Halo bytes, all ranks together: each face between two blocks carries one slab each way, per
+    convolution forward and per convolution but the first backward (the input needs no gradient).
     """
     saved, conv_inputs = unet_tensors(crop, base, full_scale)
-    split = [axis for axis in range(3) if mesh[axis] > 1]
-    per_rank = 0
-    for channels, side in saved:
-        per_rank += channels * (side // mesh[0]) * (side // mesh[1]) * (side // mesh[2])
-    halo_values, sent_per_pass = 0, []
+    per_rank = sum(channels * (side // mesh[0]) * (side // mesh[1]) * (side // mesh[2]) for channels, side in saved)
+    sent_per_pass = []
     for channels, side in conv_inputs:
-        block = [side // parts for parts in mesh]
-        slabs = sent = 0
-        for axis in split:
-            face = channels * block[(axis + 1) % 3] * block[(axis + 2) % 3]
-            slabs += 2 * face
-            others = mesh[(axis + 1) % 3] * mesh[(axis + 2) % 3]
-            sent += 2 * (mesh[axis] - 1) * others * face
-            block[axis] += 2  # the next axis's faces include this axis's halo
-        halo_values += slabs
-        sent_per_pass.append(sent)
+        sent_per_pass.append(sum(2 * (mesh[axis] - 1) * mesh[(axis + 1) % 3] * mesh[(axis + 2) % 3] * values
+                                 for axis, values in faces(channels, side, mesh)))
     halo_bytes = (sum(sent_per_pass) + sum(sent_per_pass[1:])) * bytes_per_value
-    return (per_rank + halo_values) * bytes_per_value, halo_bytes
+    return (per_rank + sum(busiest_slabs(crop, base, mesh, full_scale))) * bytes_per_value, halo_bytes
 
 
 def busiest_halo(crop, base, mesh, full_scale=True, bytes_per_value=4):
-    """Predicted halo bytes that the busiest rank sends in one step: one with neighbours on both sides
-    of every split axis sends two slabs per axis and convolution (one on each side), a rank of a
-    2-wide axis one; forward, and backward for all but the first convolution, as in :func:`predict`."""
-    _, conv_inputs = unet_tensors(crop, base, full_scale)
-    sent_per_pass = []
-    for channels, side in conv_inputs:
-        block = [side // parts for parts in mesh]
-        sent = 0
-        for axis in range(3):
-            if mesh[axis] > 1:
-                sent += min(2, mesh[axis] - 1) * channels * block[(axis + 1) % 3] * block[(axis + 2) % 3]
-                block[axis] += 2
-        sent_per_pass.append(sent)
-    return (sum(sent_per_pass) + sum(sent_per_pass[1:])) * bytes_per_value
+    """Predicted halo bytes that the busiest rank sends in one step: the slabs it receives, sent back the
+    other way (:func:`busiest_slabs`), forward, and backward for all but the first convolution."""
+    slabs = busiest_slabs(crop, base, mesh, full_scale)
+    return (sum(slabs) + sum(slabs[1:])) * bytes_per_value
 
 
 def largest_tensor(crop, base, mesh, full_scale=True):
@@ -141,6 +148,121 @@ def smallest_fitting_mesh(crop, base, full_scale, bytes_per_value, parameters):
         if total <= H100_BYTES:
             return mesh, total
     return None, None
+
+
+# ----------------------------------------------------------------------------- a step's cost, computed
+
+def rank_coords(mesh):
+    """The coordinates of a domain group's ranks, in rank order: row-major, width fastest, as
+    utils/distributed.py's build_domain_mesh places them."""
+    return [(index // (mesh[1] * mesh[2]), index // mesh[2] % mesh[1], index % mesh[2])
+            for index in range(mesh[0] * mesh[1] * mesh[2])]
+
+
+def placed_halo(crop, base, mesh, gpus_per_node, full_scale=True):
+    """``[(values to peers on the same node, values to peers on other nodes)]`` that each rank of a
+    domain group sends in one step, the group on consecutive ranks from a node's first GPU: forward,
+    and backward for all but the first convolution."""
+    _, conv_inputs = unet_tensors(crop, base, full_scale)
+    strides = (mesh[1] * mesh[2], mesh[2], 1)
+    per_rank = []
+    for rank, coords in enumerate(rank_coords(mesh)):
+        sent = [0, 0]
+        for index, (channels, side) in enumerate(conv_inputs):
+            passes = 2 if index else 1
+            for axis, values in faces(channels, side, mesh):
+                for step in (-1, 1):
+                    if 0 <= coords[axis] + step < mesh[axis]:
+                        peer = rank + step * strides[axis]
+                        sent[peer // gpus_per_node != rank // gpus_per_node] += passes * values
+        per_rank.append(tuple(sent))
+    return per_rank
+
+
+def copy_values(crop, base, mesh, full_scale=True, n_out=5):
+    """Values that the halo exchange's transient copies read and write on a rank in one step, copies the
+    undivided model does not make: per convolution, the padded copy of its input, one per split axis,
+    made in forward and again in backward, and the gradient's block cut out of the padded gradient
+    (all but the first convolution); per transposed convolution, its output's crop (forward) and its
+    gradient padded back (backward)."""
+    widths = [base, 2 * base, 4 * base, 8 * base, 8 * base] + ([8 * base] if full_scale else [])
+    _, conv_inputs = unet_tensors(crop, base, full_scale)
+    out_channels = list(reversed(widths[:-1])) + [n_out]
+    first_transposed = len(conv_inputs) - len(out_channels)
+    total = 0
+    for index, (channels, side) in enumerate(conv_inputs):
+        block = [side // parts for parts in mesh]
+        sizes = [channels * block[0] * block[1] * block[2]]
+        for axis in range(3):
+            if mesh[axis] > 1:
+                block[axis] += 2 * HALO
+                sizes.append(channels * block[0] * block[1] * block[2])
+        padding = sum(a + b for a, b in zip(sizes, sizes[1:]))
+        total += 2 * padding + (2 * sum(sizes[:-1]) if index else 0)
+        if index >= first_transposed:
+            inner = [2 * (side // parts) for parts in mesh]
+            outer = [n + 4 * HALO if parts > 1 else n for n, parts in zip(inner, mesh)]
+            cropped = out_channels[index - first_transposed] * inner[0] * inner[1] * inner[2]
+            total += 2 * cropped + cropped + out_channels[index - first_transposed] * outer[0] * outer[1] * outer[2]
+    return total
+
+
+COST_CASES = ((256, [2, 1, 1]), (256, [4, 1, 1]), (1024, [4, 2, 2]), (1024, [2, 2, 4]))
+COST_RUNG = "gpu-inmem"  # the H100 ladder's fp32 rung: this code's step without autocast
+
+
+def costs(base, cases=COST_CASES):
+    """A step's halo costs on DGX H100 nodes against its compute, computed from the shapes:
+    ``(rows, the fp32 samples/s at 64^3 they scale, the machine)``."""
+    from benchmarks import scaling_model
+
+    machine = scaling_model.H100
+    rate = scaling_model.measured_rate(scaling_model.H100_RESULTS, COST_RUNG)
+    nic = machine.node_network_bw / machine.gpus_per_node
+    rows = []
+    for crop, mesh in cases:
+        ranks = mesh[0] * mesh[1] * mesh[2]
+        placed = placed_halo(crop, base, mesh, machine.gpus_per_node)
+        seconds = [4 * (inside / (1e9 * machine.nvlink_bw) + between / (1e9 * nic)) for inside, between in placed]
+        convolutions = len(unet_tensors(crop, base)[1])  # each exchanges forward, all but the first backward
+        exchanges = (2 * convolutions - 1) * sum(parts > 1 for parts in mesh)
+        spans = ranks > machine.gpus_per_node
+        latency = exchanges * (machine.inter_latency if spans else machine.intra_latency)
+        rows.append({"crop": crop, "mesh": mesh, "compute_s": (crop / 64) ** 3 / rate / ranks,
+                     "halo_bytes_busiest": busiest_halo(crop, base, mesh),
+                     "halo_bytes_between_nodes": 4 * max(between for _, between in placed),
+                     "halo_s": max(seconds), "exchanges": exchanges, "latency_s": latency,
+                     "copy_s": 4 * copy_values(crop, base, mesh) / (1e9 * machine.memory_bw)})
+        rows[-1]["share"] = (rows[-1]["halo_s"] + latency + rows[-1]["copy_s"]) / rows[-1]["compute_s"]
+    return rows, rate, machine
+
+
+
+def cost_table(base):
+    from benchmarks.scaling_model import H100_RESULTS
+
+    rows, rate, machine = costs(base)
+    nic = machine.node_network_bw / machine.gpus_per_node
+    lines = ["", f"## Computed, not measured: a step's halo cost on DGX H100 nodes (base_channels {base}, fp32)", "",
+             f"Compute per rank: this code's fp32 rate on one H100 at 64^3 (the `{COST_RUNG}` rung, {rate:.1f} "
+             f"samples/s, {relative(H100_RESULTS)}) scaled by the voxels and "
+             f"divided by the ranks, as if a block computed as fast per voxel. Halo: the slowest rank's bytes over "
+             f"NVLink ({machine.nvlink_bw:g} GB/s) to peers on its node and over its share of the network "
+             f"({nic:g} GB/s) to the others, the group on consecutive ranks of {machine.gpus_per_node}-GPU nodes; "
+             f"its messages' latency at NCCL's modelled hop ({machine.intra_latency * 1e6:g} us in a node, "
+             f"{machine.inter_latency * 1e6:g} us between nodes) per exchange. Copies: the padded copies and "
+             f"gradient cuts that the undivided model does not make, read and written at the H100's "
+             f"{machine.memory_bw:g} GB/s. The exchange is blocking: the share adds to the step.", "",
+             "| crop, mesh | compute per rank (ms) | halo, busiest rank (MiB) | of it between nodes (MiB) | "
+             "halo time, slowest rank (ms) | exchanges in a row | their latency (ms) | copies (ms) | "
+             "share of the compute |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['crop']}^3, {row['mesh']} | {row['compute_s'] * 1e3:.1f} | "
+                     f"{row['halo_bytes_busiest'] / MIB:.1f} | {row['halo_bytes_between_nodes'] / MIB:.1f} | "
+                     f"{row['halo_s'] * 1e3:.2f} | {row['exchanges']} | {row['latency_s'] * 1e3:.2f} | "
+                     f"{row['copy_s'] * 1e3:.2f} | {100 * row['share']:.1f}% |")
+    return lines
 
 
 # ----------------------------------------------------------------------------- one rank's measurement
@@ -210,8 +332,10 @@ def measure(crop, base, ranks, work_dir):
 def table(rows, base, date, device):
     lines = [f"# Domain parallelism: memory per rank and halo bytes (U-Net base_channels {base}, batch 1, fp32)", "",
              f"Measured with `python -m benchmarks.domain` on {device}, {date}: N gloo processes on one CPU machine, "
-             "mesh [N,1,1]. Saved activations: the largest rank's. Halo bytes of one step, forward and backward: "
-             "all ranks together, the mean per rank, and the busiest rank's.", "",
+             "mesh [N,1,1]. Saved activations: the largest rank's, counted with saved_tensors_hooks. Halo bytes of "
+             "one step, forward and backward, as the exchange counts what it posts: all ranks together, the mean "
+             "per rank, and the busiest rank's. Counts, not the peak memory or the wire: the padded copies, DDP's "
+             "buckets and the workspace come on top.", "",
              "| crop, ranks | saved per rank (MiB) | saved, predicted (MiB) | ratio to 1 rank | "
              "halo, all ranks (MiB) | all, predicted (MiB) | halo per rank, mean (MiB) | halo, busiest rank (MiB) | "
              "busiest, predicted (MiB) |",
@@ -232,7 +356,8 @@ def extension(base, parameters):
              f"({parameters / 1e6:.1f} M parameters x {ADAM_BYTES_PER_PARAMETER} bytes, fp32). The smallest mesh is "
              "the first of " + ", ".join(str(mesh) for mesh in MESHES[:6]) + ", ... whose ranks fit in 80 GB and whose "
              "largest tensor stays below 2^31 elements (the 32-bit indexing limit of some GPU kernels). bf16 counts "
-             "every saved tensor at 2 bytes. The convolutions' transient workspace is not included: leave headroom.",
+             "every saved tensor at 2 bytes. Not included: the halo exchange's transient padded copies (one block-sized "
+             "tensor per split axis), DDP's buckets and the convolutions' workspace: leave headroom.",
              "", "| crop | activations, 1 rank, fp32 (GiB) | largest tensor, 1 rank (elements) | smallest mesh, fp32 | "
              "per rank, fp32 (GiB) | smallest mesh, bf16 | per rank, bf16 (GiB) | halo per step, [2,1,1] fp32, "
              "all ranks (GiB) | the same, each rank (GiB) |",
@@ -297,7 +422,7 @@ def main(argv=None):
         print(rows[-1], flush=True)
     parameters = sum(p.numel() for p in UNet(4, 5, args.base_channels, True).parameters())
     lines = table(rows, args.base_channels, date, device) + [f"\nNot measured: {line}." for line in skipped] + \
-        extension(args.base_channels, parameters)
+        extension(args.base_channels, parameters) + cost_table(args.base_channels)
     command = "python -m benchmarks.domain " + " ".join(argv)
     with open(os.path.join(out_dir, "domain.json"), "w") as f:
         json.dump({"command": command.strip(), "device": device, "date": date, "base_channels": args.base_channels,

@@ -9,7 +9,8 @@ difference from the undivided computation (done on every rank, in the same proce
   layers  a Conv3d and a ConvTranspose3d of the U-Net's shape (kernel 4, stride 2, padding 1) in
           float64: outputs, input gradients and weight gradients (summed over the domain group)
   unet    the small U-Net (base_channels 4) at 128^3 in float32: output and weight gradients,
-          and the number of halo exchanges and bytes of one forward and of one backward pass
+          the number of halo exchanges and bytes of one forward and of one backward pass, and the
+          bytes autograd saves for backward
   forms   as ``layers``, each layer in its exact form (utils/exact_forms.py) inside the halo exchange
   unet_forms  as ``unet`` in float64, with every layer that has an exact form in it (--exact_forms=on)
   auto_choice  which layers --exact_forms=auto computes in their forms when the ranks' timings disagree
@@ -135,7 +136,17 @@ def unet(mesh, exact=False):
         setattr(dist, name, lambda *args, _name=name, _original=original, **kwargs: (
             gathers.append(_name), _original(*args, **kwargs))[1])
     halo.reset_counters()
-    out = model(block_of(whole, mesh, side))
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(tensor):  # what autograd keeps for backward, each storage once, as benchmarks/domain.py counts it
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = model(block_of(whole, mesh, side).clone())  # the block alone, as a rank's loader gives it
     forward = dict(halo.COUNTERS)
     halo.reset_counters()
     (out * block_of(weights, mesh, side)).sum().backward()
@@ -148,6 +159,7 @@ def unet(mesh, exact=False):
         "names": sorted(name for name, _ in model.named_parameters()) == sorted(reference),
         "forward": forward,
         "backward": backward,
+        "saved_bytes": sum(saved.values()),
         "halo_convs": sum(isinstance(m, halo.HaloConv) for m in model.modules()),
         "forms": [m.form.name for m in model.modules() if isinstance(m, halo.HaloConv)],
         "gathers": gathers,

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from benchmarks import domain
 from conftest import ROOT, free_port, timeout_for
 from networks.UNet import UNet
 from utils import distributed, halo
@@ -83,11 +84,19 @@ def test_under_bf16_autocast_the_block_computes_in_bf16_and_returns_float32_grad
 @pytest.mark.parametrize("mesh", AXES + [[2, 2, 1], [2, 2, 2]], ids=["depth", "height", "width", "2x2", "2x2x2"])
 def test_the_small_unet_at_128_on_blocks_equals_the_undivided_one(mesh, tmp_path):
     """base_channels 4, full scale, 128^3, float32: outputs and summed weight gradients within 1e-4; the
-    halo exchanges counted, and no collective (all-gather of a volume or otherwise) in forward or backward."""
+    halo exchanges counted, the bytes saved and sent those benchmarks/domain.py predicts, and no collective
+    (all-gather of a volume or otherwise) in forward or backward."""
     size = mesh[0] * mesh[1] * mesh[2]
     results = run_ranks("unet", mesh, tmp_path, world_size=size)
     split_axes = sum(n > 1 for n in mesh)
+    # On these meshes every rank has one neighbour per split axis: each is the busiest rank the prediction
+    # (benchmarks/domain.py) describes. Its slabs on the later axes include the earlier axes' halos.
+    saved, _ = domain.predict(128, 4, mesh)
+    slabs = domain.busiest_slabs(128, 4, mesh)
     for result in results:
+        assert result["saved_bytes"] == saved
+        assert result["forward"]["bytes_sent"] == 4 * sum(slabs)
+        assert result["backward"]["bytes_sent"] == 4 * sum(slabs[1:])
         assert result["output"] < 1e-4
         assert max(result["grads"].values()) < 1e-4, result["grads"]
         assert result["names"]  # the parameters keep their names: checkpoints do not change
@@ -96,7 +105,6 @@ def test_the_small_unet_at_128_on_blocks_equals_the_undivided_one(mesh, tmp_path
         assert result["halo_convs"] == 12
         assert result["forward"]["exchanges"] == 12 * split_axes
         assert result["backward"]["exchanges"] == 11 * split_axes
-        assert result["forward"]["bytes_sent"] > 0
         assert result["gathers"] == []  # only point-to-point halo messages: no collective on the way
 
 
