@@ -320,6 +320,34 @@ def test_large_batch_reading_quotes_the_example_logs():
     quotes.assert_quoted(text, f"{100 * rates[-1] / max(rates):.0f}")
 
 
+def test_the_distributed_readings_quote_their_runs():
+    """docs/04 reads two results whose table cells do not say it all. The H200's one-GPU point: how far DDP came
+    out ahead of no communication, the widest spread of either run's trials (which its cell rounds to 0%), and the
+    ladder's rung on the same H200. The original's 4-GPU runs with and without --disable_broadcast_buffers
+    (benchmarks/scaling_model.py's RUNS_16, from its README): each epoch's rate, the baseline's own spread
+    between its epochs, and the flag's lead over the baseline's faster epoch."""
+    from benchmarks import plot_scaling
+    from benchmarks.scaling_model import RUNS_16
+    from utils import noise
+
+    scaling = quotes.section("docs/04-distributed.md", "Weak and strong scaling")
+    folder = os.path.join(ROOT, "benchmarks/results/scaling/nvidia-h200-2026-11-26")
+    _, ddp, noddp = plot_scaling.read_folder(folder)
+    trials = plot_scaling.folder_trials(folder)
+    widest = max(noise.spread(sum(trials[mode][1], [])) for mode in ("ddp", "noddp"))
+    _, ladder = results_table("benchmarks/results/nvidia-h200-2026-11-26.md")
+    quotes.assert_quoted(quotes.prose(scaling), f"{100 * (ddp[1] / noddp[1] - 1):.1f}", f"{100 * widest:.2f}",
+                         ladder["gpu-inmem + AMP fp16 + fused Adam"]["FULL"])  # the table: test_quoted_benchmark_numbers_...
+
+    options = quotes.prose(quotes.section("docs/04-distributed.md", "Adjusting the DDP options"))
+    four = {run["broadcast_buffers"]: run["epochs"] for run in RUNS_16
+            if run["gpus"] == 4 and run["bucket_cap_mb"] == 25}
+    baseline, flag = four[True], four[False]
+    quotes.assert_quoted(options, *(f"{rate:.0f}" for rate in (*baseline, *flag)),
+                         f"{100 * (max(baseline) / min(baseline) - 1):.0f}",
+                         f"{100 * (min(flag) / max(baseline) - 1):.1f}")
+
+
 # ----------------------------------------------------------------------------- the commands not run here
 
 SLURM = ("needs a Slurm cluster with GPU nodes (Perlmutter); submit_pm.sh itself is submitted to a real "
