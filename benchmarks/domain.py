@@ -90,11 +90,11 @@ def faces(channels, side, mesh):
     return result
 
 
-def busiest_slabs(crop, base, mesh, full_scale=True):
+def busiest_slabs(crop, base, mesh, full_scale=True, n_in=4):
     """Values of the halo slabs that the busiest rank receives, keeps for backward and sends, per
     convolution in the U-Net's order: one per neighbour along each split axis, so two on an axis split
     three ways or more (a middle block) and one on an axis split in two. A face that is the crop's has none."""
-    _, conv_inputs = unet_tensors(crop, base, full_scale)
+    _, conv_inputs = unet_tensors(crop, base, full_scale, n_in)
     return [sum(min(2, mesh[axis] - 1) * values for axis, values in faces(channels, side, mesh))
             for channels, side in conv_inputs]
 

@@ -14,22 +14,25 @@ import train
 from benchmarks import memory_budget
 from conftest import ROOT
 from readme_commands import tutorial_text
+from utils import halo
 from utils.YParams import YParams, load_params
+from utils.distributed import DomainMesh
 from utils.losses import build_loss
 from utils.optim import Precision
 
 BATCH = 3  # no channel count of the U-Net is 3, so a saved tensor's first dimension tells activations apart
 
 
-def measured_saved_bytes(params):
-    """``(activation bytes per sample, weight-copy bytes)`` that autograd saves in one forward pass."""
+def measured_saved_bytes(params, mesh=None):
+    """``(activation bytes per sample, weight-copy bytes)`` that autograd saves in one forward pass; with a
+    DomainMesh, on that rank's block (its convolutions exchanging halos)."""
     torch.manual_seed(0)
-    model = train.build_model(params, torch.device("cpu"))
+    model = train.build_model(params, torch.device("cpu"), mesh)
     precision = Precision(params.amp_mode, torch.device("cpu"))
     loss_fn = build_loss(params)
-    side = params.crop_size
-    inputs = torch.randn(BATCH, params.N_in_channels, side, side, side)
-    targets = torch.rand(BATCH, params.N_out_channels, side, side, side) * 2 - 1
+    block = [params.crop_size // parts for parts in (mesh.shape if mesh else (1, 1, 1))]
+    inputs = torch.randn(BATCH, params.N_in_channels, *block)
+    targets = torch.rand(BATCH, params.N_out_channels, *block) * 2 - 1
     own = {p.untyped_storage().data_ptr() for p in model.parameters()}
     own |= {inputs.untyped_storage().data_ptr(), targets.untyped_storage().data_ptr()}
     saved = {}
@@ -62,6 +65,56 @@ def test_saved_activations_are_what_autograd_saves(amp_mode, shape):
                   if name.endswith("weight"))
     assert weight_copies == (2 * weights if amp_mode != "none" else 0)
     assert weights == pytest.approx(memory_budget.parameter_count(params), rel=1e-3)
+
+
+def faces_from_nobody(to_lower, to_upper, lower, upper, group):
+    """utils/halo.py's swap_faces in one process: the faces a neighbour would send, as zeros. What autograd
+    saves does not depend on their values."""
+    return tuple(None if peer is None else torch.zeros_like(face, memory_format=torch.contiguous_format)
+                 for peer, face in ((lower, to_lower), (upper, to_upper)))
+
+
+@pytest.mark.parametrize("amp_mode", ["none", "bf16"])
+@pytest.mark.parametrize("shape, mesh, coords", [
+    ({"crop_size": 128, "base_channels": 4, "full_scale": False}, [4, 1, 1], (1, 0, 0)),
+    ({"crop_size": 128, "base_channels": 2, "full_scale": True}, [2, 2, 1], (0, 1, 0))])
+def test_under_a_domain_mesh_a_rank_saves_its_block_and_its_halos(amp_mode, shape, mesh, coords, monkeypatch):
+    """The busiest rank of a mesh (a middle block of [4,1,1]; any block of [2,2,1]) in one process, its
+    neighbours' messages replaced by zeros: it saves what the budget says, its block's share of a sample
+    and the halos."""
+    options = ["--config=test", f"--amp_mode={amp_mode}", f"--domain_mesh={mesh}".replace(" ", "")]
+    params = load_params(options + [f"--{k}={v}" for k, v in shape.items()], world_size=mesh[0] * mesh[1] * mesh[2])
+    neighbours = tuple((0 if c > 0 else None, 0 if c < n - 1 else None) for c, n in zip(coords, mesh))
+    domain_mesh = DomainMesh(shape=tuple(mesh), coords=coords, neighbours=neighbours)
+    monkeypatch.setattr(halo, "swap_faces", faces_from_nobody)
+    activations, _ = measured_saved_bytes(params, domain_mesh)
+    rows = memory_budget.saved_activation_bytes(params)
+    assert activations == sum(rows.values())
+    # The block's share of the undivided sample's tensors, and the halos on top. Under autocast the first
+    # convolution keeps the fp32 block, the batch's own, in place of its 16-bit copy of the whole input.
+    whole = memory_budget.saved_activation_bytes(load_params(options[:2] + [f"--{k}={v}" for k, v in shape.items()]))
+    whole.pop("16-bit copy of the input crop", None)
+    halos = rows["halo slabs kept for backward"]
+    assert activations - halos == sum(whole.values()) // (mesh[0] * mesh[1] * mesh[2])
+    assert 0 < halos < 0.1 * activations
+
+
+def test_the_budget_of_docs_06s_mesh_is_per_rank(capsys):
+    """docs/06's 256^3 on [4,1,1]: a rank holds its quarter of a sample and its halos, 888.8 MiB (3364.1
+    undivided), and its quarter of the batch; a --ranks the mesh does not divide is refused."""
+    command = ["--config=base", "--crop_size=256", "--local_batch_size=1", "--domain_mesh=[4,1,1]"]
+    memory_budget.main(command)
+    output = capsys.readouterr().out
+    assert "4 rank(s), domain mesh [4, 1, 1] (each sample split over 4 ranks), local batch 1," in output
+    assert "| activations saved for backward | 0.87 | 888.8 MiB per sample (its block: 1/4, and halos) x 1 |" in output
+    params = load_params(command, world_size=4)
+    whole = load_params(command[:3])
+    rows = memory_budget.saved_activation_bytes(params)
+    assert sum(rows.values()) - rows["halo slabs kept for backward"] == sum(
+        memory_budget.saved_activation_bytes(whole).values()) // 4
+    with pytest.raises(SystemExit):
+        memory_budget.main(command + ["--ranks=6"])
+    assert "--ranks=6 cannot hold --domain_mesh=[4, 1, 1]" in " ".join(capsys.readouterr().err.split())
 
 
 def test_the_count_is_not_blind():
