@@ -31,16 +31,20 @@ or of a tree, whichever is faster, as NCCL's tuner picks them call by call: NCCL
 names each term's line and the terms left out.
 
 One term is fitted to the original's final curves (NERSC/sc22-dl-tutorial commit 2074095, read off its
-plots by benchmarks/read_scaling_plots.py into benchmarks/sc22_scaling_points.json): the share of
-Slingshot's bandwidth that the all-reduce's bytes reached, one for every job, to the real-data runs at 8,
-16 and 32 nodes together, with its standard error. The latencies are not fitted. Two published points
-are inputs: one GPU's compute (the synthetic --noddp run) and one GPU's loader (the loader-alone ideal
-line); so is one measurement of this code: the share of a step's compute paid once per step whatever
-the batch (PER_STEP_SHARE, from one H100's ladder at batch 64 and 8). Each published point's standard
-error combines its reading error with the run-to-run spread of the original's repeated runs
-(RUN_TO_RUN). ``--check`` lists every point with its residual and errors, judges the independent
-predictions only (the synthetic runs and the runs at local batch 16), and ends with the fit (also with
-the published loader-alone points) and the hypotheses for the misses, each with its test.
+plots by benchmarks/read_scaling_plots.py into benchmarks/sc22_scaling_points.json): the ring's bus
+bandwidth between nodes in NCCL's cost model, as a share of Slingshot's 100 GB/s per node, one for every
+job, to the real-data runs at 8, 16 and 32 nodes together, with its standard error. It is a coefficient of
+the model (a tree's bytes move at 0.92 x 0.7-0.9 of it), not a measured bandwidth. The latencies are not
+fitted. Two published points are inputs: one GPU's compute (the synthetic --noddp run) and one GPU's
+loader (the loader-alone ideal line); so is one measurement of this code: the share of a step's compute
+paid once per step whatever the batch (PER_STEP_SHARE, from one H100's ladder at batch 64 and 8). Each
+published point's standard error combines its reading error with the run-to-run spread of the original's
+repeated runs (RUN_TO_RUN) and, for a prediction, with what the same spread in either input moves it by
+(input_errors). ``--check`` opens with the synthetic runs' pattern against the model, lists every point
+with its residual and errors, judges the independent predictions only (the synthetic runs and the runs at
+local batch 16) under that spread and under the scaling data's own scatter, and ends with the fit (also
+with the published loader-alone points) and the hypotheses for the misses: each computable one with its
+share refitted and its residual at every judged prediction, each with its test.
 """
 import argparse
 import dataclasses
@@ -81,6 +85,11 @@ def published_curves(path=POINTS):
 CURVES, READING_ERROR = published_curves()
 
 
+# The tree's bus bandwidth per channel in NCCL 2.15.5's cost model on Ampere, for 1, 2 and more nodes
+# (src/graph/tuning.cc l.88-92; NCCL_LATENCY's comment).
+TREE_CHANNEL_BW = (24.0, 23.6, 17.8)
+
+
 @dataclasses.dataclass(frozen=True)
 class Machine:
     """A node type and its network: bandwidths in GB/s (10^9 bytes/s, one direction), latencies in s."""
@@ -103,13 +112,17 @@ class Machine:
     tree_bw_share: float = 1.0   # the share of the bus bandwidth a tree reaches against a ring
     ring_plateau: float = 1.0    # a large ring all-reduce across nodes: its latency times this (NCCL: 1.9)
     tree_correction: tuple = ()  # a tree's bandwidth times entry log2(bytes / 64) (NCCL's Simple row; () none)
+    tree_channels: int = 0       # the tree's channels, each capped at tree_channel_bw (0: no cap)
+    tree_channel_bw: tuple = TREE_CHANNEL_BW  # GB/s a channel, for 1, 2 and more nodes
+    reported_latency: float = None  # a network plugin's reported latency (s): NCCL's tuner chooses ring or tree
+    #                                 with it in place of both network hops' latencies; the time keeps them
 
 
 # Perlmutter's GPU node (https://docs.nersc.gov/systems/perlmutter/architecture/): 4 A100-SXM4-40GB
 # joined by NVLink 3 (12 links of 25 GB/s per direction per GPU: 300 GB/s; 1555 GB/s of HBM2: NVIDIA A100
 # datasheet) and 4 HPE Slingshot 11 NICs of 200 Gb/s (25 GB/s) each: 100 GB/s per node; its Lustre file
-# system (/pscratch) is reached over the same Slingshot network. Its AMD EPYC hosts matter to NCCL from
-# 2.18 on (below). Loader: the original's final loader-alone curve, its ideal line's 1-node point per GPU
+# system (/pscratch) is reached over the same Slingshot network. Loader: the original's final loader-alone
+# curve, its ideal line's 1-node point per GPU
 # (4 loaders per node share the node's CPUs and file system: one A100's alone reached 937 samples/s in the
 # original's benchy IO trial).
 #
@@ -121,21 +134,25 @@ class Machine:
 # latency x 1.9 once the message reaches N/16 x 64 KiB (the "plateau", l.325-326). A tree: 2((N/n - 1) +
 # log2(n)) hops of 28 us, NVLink or network alike (l.65, 71, 183-184), nothing a call, and 2 x bytes /
 # (0.92 x bus bandwidth) (l.148), that bandwidth times a factor of the message's size class (l.308-314,
-# 323): TREE_CORRECTION. Within a node NCCL caps Ampere's bus bandwidth at 235 GB/s (l.145). The tuner
-# takes, call by call, the algorithm its model says is faster; so does this model. All-gathers and
-# reduce-scatters (FSDP) have the ring only (l.137): N-1 steps, n-1 of them network hops, (N-1)/N x bytes.
-# Left out: the tree's cap per channel (l.88-92, 148: 17.8 GB/s a channel on Ampere beyond 2 nodes), which
-# needs the channel count only the job's log shows; the bandwidth NCCL takes within the node for jobs
-# of up to 2 nodes (it uses the search's intra-node speed there); the LL and LL128 protocols; and a
-# network plugin's own latency, which replaces both network hops when the plugin reports one (l.167,
-# search.cc:468): NCCL's IB transport reports 0, aws-ofi-nccl's AWS-branch releases of 2022 reported
-# 150 us, and which plugin the original's nccl-2.15.5-plugin build held is not recorded.
+# 323): TREE_CORRECTION. Within a node NCCL's cost model assumes an Ampere ring's bus bandwidth to be at
+# most 235 GB/s (l.145). The tuner takes, call by call, the algorithm its model says is faster; so does
+# this model. All-gathers and reduce-scatters (FSDP) have the ring only (l.137): N-1 steps, n-1 of them
+# network hops, (N-1)/N x bytes. Left out: the tree's cap per channel (l.88-92, 148: min(0.92 x bus
+# bandwidth, channels x 17.8 GB/s) on Ampere beyond 2 nodes), which needs the channel count only the job's
+# log shows (the hypotheses bracket it: TREE_CHANNEL_BW); the bandwidth NCCL takes within the node for
+# jobs of up to 2 nodes (it uses the search's intra-node speed there); the LL and LL128 protocols (whose
+# caps depend on the CPU's vendor, l.82-86, 114-117); and a network plugin's own latency. A plugin that
+# reports one (NCCL's IB transport reports 0; aws-ofi-nccl's AWS-branch releases of 2022 reported 150 us,
+# tuned so that NCCL picks ring or tree well on EFA) replaces both network hops' latencies in the tuner's
+# table (l.167, search.cc:468), which NCCL uses only to choose the algorithm (enqueue.cc's getAlgoInfo):
+# it changes the choice, not the time on the wire (Machine.reported_latency). Which plugin the original's
+# nccl-2.15.5-plugin build held is not recorded.
 NCCL_VERSION = "2.15.5"
 TREE_CORRECTION = (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9)
 NCCL_LATENCY = {"intra_latency": 3.4e-6, "inter_latency": 9.6e-6, "call_latency": 8.4e-6,
                 "tree_intra_latency": 28e-6, "tree_inter_latency": 28e-6, "tree_bw_share": 0.92,
                 "ring_plateau": 1.9, "tree_correction": TREE_CORRECTION}
-AMPERE_BUS_BW = 235.0  # GB/s, NCCL's cap on an A100's ring within a node (NVLink 3's datasheet: 300)
+AMPERE_BUS_BW = 235.0  # GB/s, the A100 ring's bus bandwidth NCCL's cost model assumes (NVLink 3's datasheet: 300)
 PERLMUTTER = Machine("Perlmutter (4 x A100 per node)", 4, AMPERE_BUS_BW, 100.0, loader_rate=CURVES["loader"][1] / 4,
                      source="docs.nersc.gov/systems/perlmutter/architecture; NVIDIA A100 datasheet; "
                      "the original's loader-alone curve", memory_bw=1555.0, loader_shares_network=True,
@@ -279,10 +296,11 @@ def first_bucket_mb_of_this_torch(bucket_cap_mb):
     return float(bucket_cap_mb) if default is None else 1.0
 
 
+@functools.lru_cache(maxsize=None)
 def buckets(network, bucket_cap_mb=25.0, first_bucket_mb=1.0):
     """DDP's buckets, as DDP assigns them when it rebuilds them after the first step: the gradients
     in the order they became ready, cut by torch's own function at ``first_bucket_mb`` for the first
-    bucket and ``bucket_cap_mb`` after it. A list of (bytes, ready), ready being the share of the
+    bucket and ``bucket_cap_mb`` after it. A tuple of (bytes, ready), ready being the share of the
     backward pass done when the bucket's last gradient is ready: its all-reduce can start then."""
     import torch
     import torch.distributed as dist
@@ -290,8 +308,8 @@ def buckets(network, bucket_cap_mb=25.0, first_bucket_mb=1.0):
     tensors = [torch.empty(g.bytes // 4, device="meta") for g in network.gradients]  # fp32 gradients
     limits = [int(first_bucket_mb * MIB), int(bucket_cap_mb * MIB)]
     assignment = dist._compute_bucket_assignment_by_size(tensors, limits, [False] * len(tensors))[0]
-    return [(sum(network.gradients[i].bytes for i in indices), max(network.gradients[i].ready for i in indices))
-            for indices in assignment]
+    return tuple((sum(network.gradients[i].bytes for i in indices), max(network.gradients[i].ready for i in indices))
+                 for indices in assignment)
 
 
 def nccl_times(size, gpus, machine, collective="all-reduce"):
@@ -316,23 +334,32 @@ def nccl_times(size, gpus, machine, collective="all-reduce"):
         size_class = int(math.log2(max(size, 64) / 64))
         correction = machine.tree_correction[size_class] if size_class < len(machine.tree_correction) else 1.0
         per_node = min(gpus, machine.gpus_per_node)
-        times["tree"] = (2 * size / (machine.tree_bw_share * correction * bandwidth),
-                         2 * ((per_node - 1) * intra + math.log2(nodes) * inter))
+        tree_bw = machine.tree_bw_share * bandwidth
+        if machine.tree_channels:  # l.148: min(0.92 x bus bandwidth, channels x the cap a channel)
+            tree_bw = min(tree_bw, 1e9 * machine.tree_channels * machine.tree_channel_bw[min(nodes, 3) - 1])
+        times["tree"] = (2 * size / (correction * tree_bw), 2 * ((per_node - 1) * intra + math.log2(nodes) * inter))
     return times
 
 
-def algorithm(size, gpus, machine):
-    """The all-reduce's algorithm NCCL's tuner would take (its model, not a measurement)."""
-    return min(nccl_times(size, gpus, machine).items(), key=lambda item: sum(item[1]))[0]
+def algorithm(size, gpus, machine, collective="all-reduce"):
+    """The algorithm NCCL's tuner would take (its model, not a measurement): the fastest in nccl_times, with
+    a plugin's reported latency (``machine.reported_latency``) in place of both network hops' latencies."""
+    if machine.reported_latency is not None:
+        machine = dataclasses.replace(machine, inter_latency=machine.reported_latency,
+                                      tree_inter_latency=machine.reported_latency, reported_latency=None)
+    return min(nccl_times(size, gpus, machine, collective).items(), key=lambda item: sum(item[1]))[0]
 
 
 def allreduce_time(size, gpus, machine, bandwidth_only=False, collective="all-reduce"):
     """A collective of ``size`` bytes over ``gpus`` GPUs: within a node over NVLink, across nodes over the
-    node's network cards, in the algorithm NCCL's tuner takes (nccl_times). ``bandwidth_only``: that
-    algorithm's bandwidth term alone, the time its bytes hold the links."""
+    node's network cards, in the algorithm NCCL's tuner takes (``algorithm``), timed with the machine's own
+    latencies (nccl_times). ``bandwidth_only``: that algorithm's bandwidth term alone, the time its bytes
+    hold the links."""
     if gpus == 1:
         return 0.0
-    chosen = min(nccl_times(size, gpus, machine, collective).values(), key=sum)
+    times = nccl_times(size, gpus, machine, collective)
+    chosen = times[algorithm(size, gpus, machine, collective)] if machine.reported_latency is not None \
+        else min(times.values(), key=sum)
     return chosen[0] if bandwidth_only else sum(chosen)
 
 
@@ -391,6 +418,53 @@ def optimiser_time(gradient_bytes, machine):
     if machine.memory_bw is None:
         return 0.0
     return OPTIMISER_BYTES_PER_PARAMETER * gradient_bytes / 4 / (1e9 * machine.memory_bw)
+
+
+# When each gradient becomes ready in time rather than in FLOPs: the committed per-layer table of one H100
+# (benchmarks.layers, bf16, batch 64, 64^3, each convolution's forward and backward timed alone, 2026-11-25;
+# that tool then fed every layer an fp32 input, which overstates the first and last layers: they sit at the
+# two ends of the backward pass). Each layer's backward is its time's share of its FLOPs that are backward.
+LAYER_RESULTS = os.path.join(os.path.dirname(os.path.realpath(__file__)), "results", "layers",
+                             "nvidia-h100-80gb-hbm3-2026-11-25-bf16.json")
+
+
+def layer_name(parameter, up_blocks):
+    """The per-layer table's name of a U-Net parameter's layer: down.0 is "down 1", up.0 (the deepest)
+    "up 5" of 5, last "last"."""
+    kind, index = (parameter.split(".") + [""])[:2]
+    if kind == "down":
+        return f"down {int(index) + 1}"
+    if kind == "up":
+        return f"up {up_blocks - int(index)}"
+    return kind
+
+
+def timed_readiness(network, path=LAYER_RESULTS):
+    """``network`` with each gradient's readiness in time, from a per-layer table of forward + backward times
+    (benchmarks.layers' JSON): the layers' backward times summed in the order their gradients become ready.
+    A layer's backward time is its table time times the share of its FLOPs that are backward (twice its
+    forward, once for the first layer, which computes no input gradient), read off ``network``'s own FLOP
+    shares. Returns the network and {layer: backward share of its time}."""
+    with open(path) as f:
+        table = {row["layer"]: row for row in json.load(f)["layers"]}
+    up_blocks = len({g.name.split(".")[1] for g in network.gradients if g.name.startswith("up.")})
+    backward_gflop = sum(row["gflop"] for row in table.values()) * (1 - network.forward_share)
+    order, done = [], {}  # the layers in the order their gradients are ready, and each one's FLOP share done
+    for g in network.gradients:
+        layer = layer_name(g.name, up_blocks)
+        if layer not in done:
+            order.append(layer)
+        done[layer] = max(done.get(layer, 0.0), g.ready)
+    shares, elapsed, before = {}, {}, 0.0
+    total = 0.0
+    for layer in order:
+        shares[layer] = (done[layer] - before) * backward_gflop / table[layer]["gflop"]
+        before = done[layer]
+        total += shares[layer] * table[layer]["ms"]
+        elapsed[layer] = total
+    gradients = tuple(dataclasses.replace(g, ready=elapsed[layer_name(g.name, up_blocks)] / total)
+                      for g in network.gradients)
+    return dataclasses.replace(network, gradients=gradients), shares
 
 
 def fsdp_units(network):
@@ -498,10 +572,11 @@ def fitted_machine(share, machine=PERLMUTTER, ring_only=False, **changes):
                                **changes)
 
 
-def curve_model(curve, nodes, machine, rate=A100_RATE, local_batch=64, loader="ideal"):
+def curve_model(curve, nodes, machine, rate=A100_RATE, local_batch=64, loader="ideal", network=None):
     """The model's samples/s for one of the original's curves at ``nodes`` Perlmutter nodes. ``loader``:
     "ideal", one GPU's loader times N (the loader-alone ideal line); "published", the loader-alone
-    curve's own point where the plots show it (16 and 32 nodes)."""
+    curve's own point where the plots show it (16 and 32 nodes). ``network``: step_time's (None: the U-Net's
+    gradients, ready as their FLOPs say)."""
     gpus = nodes * machine.gpus_per_node
     if loader == "published" and nodes in CURVES["loader"] and nodes > 1:
         machine = dataclasses.replace(machine, loader_rate=CURVES["loader"][nodes] / gpus)
@@ -511,7 +586,7 @@ def curve_model(curve, nodes, machine, rate=A100_RATE, local_batch=64, loader="i
         return gpus * machine.loader_rate
     if curve == "real_noddp":
         return gpus * min(rate, machine.loader_rate)
-    step = step_time(machine, gpus, local_batch, rate, rate_batch=RATE_BATCH)
+    step = step_time(machine, gpus, local_batch, rate, network, rate_batch=RATE_BATCH)
     return step.synthetic_samples_per_s if curve == "synthetic" else step.samples_per_s
 
 
@@ -559,48 +634,155 @@ def sigma(published, reading):
 FIT_POINTS = (("real", 8), ("real", 16), ("real", 32))
 
 
-def share_to(curve, nodes, loader="ideal", **network):
-    """The network share that makes the model meet one published point alone (``network``: fitted_machine's
-    ring_only and changes)."""
-    return solve(lambda s: curve_model(curve, nodes, fitted_machine(s, **network), loader=loader),
-                 CURVES[curve][nodes], 0.05, 4.0)
+def share_to(curve, nodes, loader="ideal", rate=A100_RATE, network=None, **changes):
+    """The network share that makes the model meet one published point alone (``rate``, ``network``:
+    curve_model's; ``changes``: fitted_machine's ring_only and fields)."""
+    return solve(lambda s: curve_model(curve, nodes, fitted_machine(s, **changes), rate, loader=loader,
+                                       network=network), CURVES[curve][nodes], 0.05, 4.0)
 
 
-def misfit(share, points=FIT_POINTS, loader="ideal", **network):
+def misfit(share, points=FIT_POINTS, loader="ideal", rate=A100_RATE, network=None, **changes):
     """The sum of the squared residuals at ``points``, each in units of its standard error."""
-    machine = fitted_machine(share, **network)
-    return sum(((curve_model(c, n, machine, loader=loader) / CURVES[c][n] - 1) / sigma(CURVES[c][n], READING_ERROR))
-               ** 2 for c, n in points)
+    machine = fitted_machine(share, **changes)
+    return sum(((curve_model(c, n, machine, rate, loader=loader, network=network) / CURVES[c][n] - 1)
+                / sigma(CURVES[c][n], READING_ERROR)) ** 2 for c, n in points)
 
 
-def fit(points=FIT_POINTS, loader="ideal", ring_only=False, **changes):
-    """The one fitted term and its standard error: the share of Slingshot's 100 GB/s per node that the
-    all-reduce's bytes reached, the same in every job, minimising the squared residuals at ``points`` in
-    units of their standard errors (sigma); its error from the curvature of that sum (the points taken as
-    independent). ``loader``, ``ring_only``, ``changes``: curve_model's and fitted_machine's."""
-    return _fit(points, loader, ring_only, tuple(sorted(changes.items())))
+def fit(points=FIT_POINTS, loader="ideal", rate=A100_RATE, network=None, **changes):
+    """The one fitted term and its standard error: the ring's bus bandwidth between nodes in NCCL's cost
+    model, as a share of Slingshot's 100 GB/s per node, the same in every job, minimising the squared
+    residuals at ``points`` in units of their standard errors (sigma); its error from the curvature of that
+    sum (the points taken as independent). ``loader``, ``rate``, ``network``: curve_model's; ``changes``:
+    fitted_machine's ring_only and fields (a hypothesis's, or another loader_rate)."""
+    return _fit(points, loader, rate, network, tuple(sorted(changes.items())))
 
 
 @functools.lru_cache(maxsize=None)
-def _fit(points, loader, ring_only, changes):
-    network = {"ring_only": ring_only, **dict(changes)}
-    alone = [share_to(*point, loader=loader, **network) for point in points]
+def _fit(points, loader, rate, network, changes):
+    fixed = {"loader": loader, "rate": rate, "network": network, **dict(changes)}
+    alone = [share_to(*point, **fixed) for point in points]
     low, high = min(alone), max(alone)
     for _ in range(60):  # golden-section search for the minimum
         a, b = low + 0.382 * (high - low), high - 0.382 * (high - low)
-        better = misfit(a, points, loader, **network) < misfit(b, points, loader, **network)
-        low, high = (low, b) if better else (a, high)
+        low, high = (low, b) if misfit(a, points, **fixed) < misfit(b, points, **fixed) else (a, high)
     share = (low + high) / 2
     h = 0.01 * share
-    curvature = (misfit(share + h, points, loader, **network) - 2 * misfit(share, points, loader, **network)
-                 + misfit(share - h, points, loader, **network)) / h ** 2
+    curvature = (misfit(share + h, points, **fixed) - 2 * misfit(share, points, **fixed)
+                 + misfit(share - h, points, **fixed)) / h ** 2
     return share, math.sqrt(2 / curvature)
 
 
-def row_16(machine, run):
+def row_16(machine, run, rate=A100_RATE, network=None):
     """samples/s of one run at local batch 16 (RUNS_16)."""
-    return step_time(machine, run["gpus"], 16, A100_RATE, bucket_cap_mb=run["bucket_cap_mb"],
+    return step_time(machine, run["gpus"], 16, rate, network, bucket_cap_mb=run["bucket_cap_mb"],
                      broadcast_buffers=run["broadcast_buffers"], rate_batch=RATE_BATCH).samples_per_s
+
+
+# The independent predictions --check judges: the synthetic runs at 1, 8, 16 and 32 nodes, the two runs at
+# local batch 16 on 2 nodes and the mean of the three on 1 node (the model holds them to be one setting).
+FOUR_GPU_MEAN = "4_gpus_local_batch_16 (mean of the 3 runs)"
+FOUR_GPU_RUNS = [run for run in RUNS_16 if run["gpus"] == 4]
+JUDGED = [("synthetic", n) for n in (1, 8, 16, 32)] + [(run_name(r), 2) for r in RUNS_16 if r["gpus"] == 8] \
+    + [(FOUR_GPU_MEAN, 1)]
+
+
+def published_point(curve, nodes):
+    """A published samples/s: a curve's point, or the mean of a local-batch-16 run's two logged epochs (of
+    the three 4-GPU runs' six, for their mean)."""
+    if curve == FOUR_GPU_MEAN:
+        return sum(sum(run["epochs"]) for run in FOUR_GPU_RUNS) / (2 * len(FOUR_GPU_RUNS))
+    run = next((run for run in RUNS_16 if run_name(run) == curve), None)
+    return sum(run["epochs"]) / 2 if run else CURVES[curve][nodes]
+
+
+JUDGED_LABELS = {**{f"synthetic {n}": f"synthetic, {n} node{'s' * (n > 1)}" for n in (1, 8, 16, 32)},
+                 "8_gpus_local_batch_16 2": "local batch 16, 2 nodes",
+                 "8_gpus_local_batch_16_bucket_100_no_broadcast 2": "local batch 16, 2 nodes, 100 MB, no broadcast",
+                 f"{FOUR_GPU_MEAN} 1": "local batch 16, 1 node (3 runs)"}
+
+
+def judged_model(machine, rate=A100_RATE, network=None):
+    """The model's value of each judged prediction (JUDGED): {(curve, nodes): samples/s}."""
+    values = {}
+    for curve, nodes in JUDGED:
+        if curve == "synthetic":
+            values[(curve, nodes)] = curve_model(curve, nodes, machine, rate, network=network)
+        else:
+            run = FOUR_GPU_RUNS[0] if curve == FOUR_GPU_MEAN else next(r for r in RUNS_16 if run_name(r) == curve)
+            values[(curve, nodes)] = row_16(machine, run, rate, network)
+    return values
+
+
+def judged_residuals(machine, rate=A100_RATE, network=None):
+    """Each judged prediction's residual, model / published - 1."""
+    return {key: value / published_point(*key) - 1 for key, value in judged_model(machine, rate, network).items()}
+
+
+@functools.lru_cache(maxsize=None)
+def input_errors(noise=None, changes=(), readiness=None):
+    """What the two inputs' own run-to-run noise does: each is one published run (one A100's compute, the
+    synthetic --noddp line; one GPU's loader, the loader-alone ideal line), moved by -``noise`` and +``noise``
+    (default RUN_TO_RUN), the share refitted each time; half the difference. ``changes`` (fitted_machine's,
+    as sorted items) and ``readiness`` (hypothesis_network's): a hypothesis's model. Returns {"share":
+    {input: the share's error}, "points": {judged key: {input: relative error}}}."""
+    noise = RUN_TO_RUN if noise is None else noise
+    network, changes = hypothesis_network(readiness), dict(changes)
+    moves = {"compute": lambda f: ({"rate": A100_RATE * f}, {}),
+             "loader": lambda f: ({}, {"loader_rate": PERLMUTTER.loader_rate * f})}
+    shares, points = {}, {key: {} for key in JUDGED}
+    for name, move in moves.items():
+        ends = []
+        for factor in (1 - noise, 1 + noise):
+            model_input, machine_change = move(factor)
+            share = fit(network=network, **model_input, **changes, **machine_change)[0]
+            ends.append((share, judged_model(fitted_machine(share, **changes, **machine_change), network=network,
+                                             **model_input)))
+        (low_share, low), (high_share, high) = ends
+        shares[name] = abs(high_share - low_share) / 2
+        for key in JUDGED:
+            points[key][name] = abs(high[key] - low[key]) / 2 / published_point(*key)
+    return {"share": shares, "points": points}
+
+
+def input_error(key, noise=None, changes=(), readiness=None):
+    """A judged prediction's relative error from both inputs' noise, combined."""
+    return math.hypot(*input_errors(noise, changes, readiness)["points"][key].values())
+
+
+def judged_sigma(key, data=False, changes=(), readiness=None):
+    """A judged prediction's standard error, relative: its reading error, its run-to-run spread and its
+    inputs' noise through the model (``changes``, ``readiness``: a hypothesis's), combined; ``data``: with
+    the scaling data's own scatter for a synthetic point's spread and for the inputs' noise."""
+    reading, run = point_errors(*key)
+    if not data:
+        return math.hypot(reading, run, input_error(key, None, changes, readiness))
+    scatter = scaling_scatter()
+    return math.hypot(reading, scatter if key[0] == "synthetic" else run, input_error(key, scatter, changes, readiness))
+
+
+def point_errors(curve, nodes):
+    """A judged prediction's reading error and run-to-run spread, relative (check_rows gives the same): a
+    synthetic point's reading error (its 1-node point a 32nd of the ideal line's), and a local-batch-16 run
+    none, read off a log; the mean of the three 4-GPU runs, the spread over the square root of 3."""
+    if curve != "synthetic":
+        return 0.0, RUN_TO_RUN / (math.sqrt(len(FOUR_GPU_RUNS)) if curve == FOUR_GPU_MEAN else 1)
+    published = published_point(curve, nodes)
+    return READING_ERROR / (32 * published if nodes == 1 else published), RUN_TO_RUN
+
+
+def fitted_share_error():
+    """The fitted share's standard error with the inputs' noise: the fit's own (its curvature) and what
+    each input's run-to-run noise moves it by, combined."""
+    return math.hypot(fit()[1], *input_errors()["share"].values())
+
+
+def scaling_scatter():
+    """How far the scaling data's own separate runs scatter: the relative standard deviation of the synthetic
+    --noddp points per node (one job each at 8, 16 and 32 nodes, where the plots draw them apart), whose
+    ideal is one constant: N x one GPU's rate."""
+    values = [value / nodes for nodes, value in CURVES["synthetic_noddp"].items()]
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) / mean
 
 
 INPUTS = {("synthetic_noddp", 32): "input: one GPU's compute", ("loader_ideal", 32): "input: one GPU's loader"}
@@ -626,18 +808,28 @@ def check_rows(share=None):
     """Every published point of the final curves (and the text's and the local-batch-16 runs' numbers)
     with the model's value: dicts with curve, nodes, published, model, fitted (an input or a fitted point),
     term, error (the residual: relative for samples/s, in points for the ratios), reading (the reading
-    error, alike), sigma (reading and run-to-run combined) and sigmas (|error| / sigma)."""
+    error, alike), inputs (a judged prediction's error from its inputs' run-to-run noise, input_error; else
+    0), sigma (reading, run-to-run and inputs combined) and sigmas (|error| / sigma); and for the judged
+    predictions sigma_data and sigmas_data, the same with the scaling data's own scatter (scaling_scatter)
+    as the curves' points' and the inputs' run-to-run noise (None for the other rows)."""
     machine = fitted_machine(fit()[0] if share is None else share)
+    scatter = scaling_scatter()
     rows = []
 
     def add(curve, nodes, published, model, ratio=False, reading=None, run=RUN_TO_RUN, name=None):
         name = name or term(curve, nodes)
         error = model - published if ratio else model / published - 1
         reading = reading if reading is not None else READING_ERROR / published
-        combined = math.hypot(reading, run)
+        inputs, data = 0.0, None
+        if name == "predicted, judged":
+            inputs = input_error((curve, nodes))
+            own = scatter if curve == "synthetic" else run  # the runs at local batch 16: their epochs' spread
+            data = math.hypot(reading, own, input_error((curve, nodes), scatter))
+        combined = math.hypot(reading, run, inputs)
         rows.append({"curve": curve, "nodes": nodes, "published": published, "model": model,
                      "fitted": name.startswith(("input", "fitted")), "term": name, "error": error,
-                     "reading": reading, "sigma": combined, "sigmas": abs(error) / combined})
+                     "reading": reading, "inputs": inputs, "sigma": combined, "sigmas": abs(error) / combined,
+                     "sigma_data": data, "sigmas_data": None if data is None else abs(error) / data})
 
     for curve in ("real", "synthetic", "real_noddp", "synthetic_noddp", "loader"):
         for nodes, value in sorted(CURVES[curve].items()):
@@ -662,12 +854,11 @@ def check_rows(share=None):
         run=math.sqrt(2) * RUN_TO_RUN * efficiency)
     add("comm_overhead_synthetic (README text)", 32, TEXT["comm_overhead_synthetic"], overhead[("synthetic", 32)],
         ratio=True, reading=0.005, run=math.sqrt(2) * RUN_TO_RUN * (1 - overhead[("synthetic", 32)]))
-    four = [run for run in RUNS_16 if run["gpus"] == 4]
     for run in RUNS_16:
-        add(run_name(run), run["gpus"] // 4, sum(run["epochs"]) / 2, row_16(machine, run), reading=0.0,
-            name="the run-to-run estimate" if run in four else "predicted, judged")
-    add("4_gpus_local_batch_16 (mean of the 3 runs)", 1, sum(sum(r["epochs"]) for r in four) / (2 * len(four)),
-        row_16(machine, four[0]), reading=0.0, run=RUN_TO_RUN / math.sqrt(len(four)), name="predicted, judged")
+        add(run_name(run), run["gpus"] // 4, published_point(run_name(run), run["gpus"] // 4), row_16(machine, run),
+            reading=0.0, name="the run-to-run estimate" if run in FOUR_GPU_RUNS else "predicted, judged")
+    add(FOUR_GPU_MEAN, 1, published_point(FOUR_GPU_MEAN, 1), row_16(machine, FOUR_GPU_RUNS[0]), reading=0.0,
+        run=RUN_TO_RUN / math.sqrt(len(FOUR_GPU_RUNS)), name="predicted, judged")
     return rows
 
 
@@ -675,14 +866,19 @@ def judged(row):
     return row["term"] == "predicted, judged"
 
 
-def verdict(rows):
+SIGMA_NAMES = {"sigmas": "reading, run-to-run and inputs",
+               "sigmas_data": "the scaling data's own scatter in place of the run-to-run spread"}
+
+
+def verdict(rows, key="sigmas"):
     """The verdict on the independent predictions (judged): PASS when each is within VERDICT_SIGMAS of its
-    standard errors; the ones that miss, worst first."""
+    standard errors (``key``: "sigmas", or "sigmas_data" with the scaling data's own scatter); the ones
+    that miss, worst first."""
     predictions = [r for r in rows if judged(r)]
-    misses = sorted((r for r in predictions if r["sigmas"] > VERDICT_SIGMAS), key=lambda r: -r["sigmas"])
+    misses = sorted((r for r in predictions if r[key] > VERDICT_SIGMAS), key=lambda r: -r[key])
     return {"pass": not misses, "checked": len(predictions), "within": len(predictions) - len(misses),
-            "tolerance_sigmas": VERDICT_SIGMAS,
-            "misses": [{"curve": r["curve"], "nodes": r["nodes"], "error": r["error"], "sigmas": r["sigmas"]}
+            "tolerance_sigmas": VERDICT_SIGMAS, "errors": SIGMA_NAMES[key],
+            "misses": [{"curve": r["curve"], "nodes": r["nodes"], "error": r["error"], "sigmas": r[key]}
                        for r in misses]}
 
 
@@ -690,7 +886,7 @@ def verdict_line(result):
     """One line: PASS or FAIL, how many independent predictions are within tolerance, and each miss."""
     head = (f"verdict on the {result['checked']} independent predictions: {'PASS' if result['pass'] else 'FAIL'}: "
             f"{result['within']} of {result['checked']} within {result['tolerance_sigmas']} standard errors "
-            "(reading and run-to-run)")
+            f"({result['errors']})")
     misses = [f"{m['curve']} at {m['nodes']} nodes {100 * m['error']:+.1f}% ({m['sigmas']:.1f} standard errors)"
               for m in result["misses"]]
     return head + ("; missed: " + ", ".join(misses) if misses else "")
@@ -749,7 +945,8 @@ def knob_settings():
 
 def knob_table(machine_name="perlmutter", network=None):
     """Each knob's efficiency at 32 nodes as a band: the network at the fitted share less and plus its
-    standard error, at one GPU's compute rate (ONE_GPU_RATE); with ``network`` (a measured Machine) that
+    standard error with the inputs' noise (fitted_share_error), at one GPU's compute rate (ONE_GPU_RATE);
+    with ``network`` (a measured Machine) that
     one network. Each knob alone best first (by real data), then the best combination. Rows: (name,
     {column: (low, high)}), the columns "real" and "synthetic" and, on the H100, "real, DALI measured"
     (the loader at this code's DALI rate, H100_LOADER_MEASURED)."""
@@ -758,7 +955,7 @@ def knob_table(machine_name="perlmutter", network=None):
     if network:
         machines = [network]
     else:
-        share, error = fit()
+        share, error = fit()[0], fitted_share_error()
         machines = [fitted_machine(max(share - error, 0.05), base), fitted_machine(share + error, base)]
     loaders = {"real": None}
     if machine_name == "h100" and not network:
@@ -848,15 +1045,16 @@ def is_ratio(row):
 
 
 def check_markdown(rows):
-    lines = ["| curve | nodes | published | model | residual | reading error | standard error | residual / standard "
-             "error | term |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| curve | nodes | published | model | residual | reading error | inputs' error | standard error | "
+             "residual / standard error | term |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        inputs = f"±{100 * r['inputs']:.1f}%" if judged(r) else "-"
         if is_ratio(r):
             values = [percent(r["published"]), percent(r["model"]), f"{100 * r['error']:+.1f} points".replace(
-                "-0.0", "+0.0"), f"±{100 * r['reading']:.1f} points", f"±{100 * r['sigma']:.1f} points"]
+                "-0.0", "+0.0"), f"±{100 * r['reading']:.1f} points", inputs, f"±{100 * r['sigma']:.1f} points"]
         else:
             values = [f"{r['published']:.0f}", f"{r['model']:.0f}", signed(r["error"]), f"±{100 * r['reading']:.1f}%",
-                      f"±{100 * r['sigma']:.1f}%"]
+                      inputs, f"±{100 * r['sigma']:.1f}%"]
         term = f"**{r['term']}**" if r["fitted"] else r["term"]
         lines.append(f"| {r['curve']} | {r['nodes']} | " + " | ".join(values) + f" | {r['sigmas']:.1f} | {term} |")
     return "\n".join(lines)
@@ -893,66 +1091,166 @@ PUBLISHED_32 = {"real": CURVES["real"][32] / CURVES["loader_ideal"][32],
                 "synthetic": CURVES["synthetic"][32] / CURVES["synthetic_noddp"][32]}
 
 
-def synthetic_residuals(machine, network=None):
-    """The model's residuals against the published synthetic runs at 16 and 32 nodes."""
-    return {n: step_time(machine, 4 * n, 64, A100_RATE, network, rate_batch=RATE_BATCH).synthetic_samples_per_s
-            / CURVES["synthetic"][n] - 1 for n in (16, 32)}
+# The hypotheses for the missed synthetic runs that the model can compute: each changes one thing, its share is
+# refitted to the real-data runs, and it is judged by what it does to all seven independent predictions (JUDGED):
+# a hypothesis that closes the misses at 16 and 32 nodes by breaking the runs at 2 nodes does not survive.
+# (name, what it says, fitted_machine's changes, the gradients' readiness: None as in FLOPs, "timed" from the
+# H100's per-layer times, "end" every bucket at the backward pass's end), the test of each below.
+PLUGIN_LATENCY = 150e-6  # s: what aws-ofi-nccl's AWS-branch releases of 2022 reported
+HYPOTHESES = [
+    ("model", "the model as it stands", {}, None),
+    ("ring", "NCCL ran the ring where its model takes the tree (a ring only)", {"ring_only": True}, None),
+    ("reported", "the plugin reported 150 us, which NCCL uses only to choose ring or tree",
+     {"reported_latency": PLUGIN_LATENCY}, None),
+    ("hop", "each network hop is physically slower than NCCL's constants: 150 us, in the choice and the time",
+     {"inter_latency": PLUGIN_LATENCY, "tree_inter_latency": PLUGIN_LATENCY}, None),
+    *((f"channels{n}", f"the tree's cap per channel binds: {n} tree channels of 17.8 GB/s", {"tree_channels": n}, None)
+      for n in (4, 3, 2)),
+    ("timed", "gradients ready as the H100's per-layer times say, not its FLOPs", {}, "timed"),
+    ("end", "the limit of late gradients: every bucket ready at the backward pass's end", {}, "end"),
+]
+HYPOTHESIS_FAMILIES = {**{f"channels{n}": "the tree's cap per channel binds" for n in (4, 3, 2)},
+                       "timed": "gradients become ready later in time than in FLOPs",
+                       "end": "gradients become ready later in time than in FLOPs"}
+CHANNEL_TEST = "the channel count in NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=GRAPH), and the sweep with NCCL_ALGO=Tree"
+READY_TEST = "the gradient-ready hooks timed with CUDA events in a real step on one GPU"
+HYPOTHESIS_TESTS = {
+    "model": None,
+    "ring": "the sweep at 16 and 32 nodes with NCCL_ALGO=Ring and again with NCCL_ALGO=Tree; NCCL 2.20 and later log "
+            "each call's algorithm under NCCL_DEBUG_SUBSYS=TUNING (2.15.5 logs only the table it chooses from)",
+    "reported": "the TUNING table's latencies, and the plugin's version in the NCCL_DEBUG=INFO log",
+    "hop": "the sweep's small-message latency between 2 nodes",
+    "channels4": CHANNEL_TEST, "channels3": CHANNEL_TEST, "channels2": CHANNEL_TEST,
+    "timed": READY_TEST, "end": READY_TEST,
+}
 
 
+def hypothesis_network(readiness):
+    """The U-Net's gradients as a hypothesis has them ready: None (their FLOPs), "timed", "end"."""
+    network = unet()
+    if readiness == "timed":
+        return timed_readiness(network)[0]
+    if readiness == "end":
+        return dataclasses.replace(network, gradients=tuple(dataclasses.replace(g, ready=1.0)
+                                                            for g in network.gradients))
+    return None
+
+
+@functools.lru_cache(maxsize=None)
 def hypotheses():
-    """What could make the published synthetic runs at 16 and 32 nodes slower than the model, each with
-    what it moves (the model's residuals there, each variant with its own share fitted to the real-data
-    runs) where the model can compute it, and the measurement that would test it."""
-    late = unet()
-    late = dataclasses.replace(late, gradients=tuple(dataclasses.replace(g, ready=1.0) for g in late.gradients))
-    plugin = {"inter_latency": 150e-6, "tree_inter_latency": 150e-6}
-    variants = {
-        "ring": synthetic_residuals(fitted_machine(fit(ring_only=True)[0], ring_only=True)),
-        "plugin": synthetic_residuals(fitted_machine(fit(**plugin)[0], **plugin)),
-        "late": synthetic_residuals(fitted_machine(fit()[0]), late),
-    }
-    moved = {key: "synthetic 16 and 32 nodes at {:+.1%} and {:+.1%}".format(*value.values())
-             for key, value in variants.items()}
+    """What could make the published synthetic runs at 16 and 32 nodes slower than the model: for each that
+    the model can compute (HYPOTHESES), its share refitted to the real-data runs and its residual at every
+    judged prediction; for the rest, why not; each with the measurement that would test it."""
+    listed = []
+    for name, text, changes, readiness in HYPOTHESES:
+        network = hypothesis_network(readiness)
+        share = fit(network=network, **changes)[0]
+        residuals = judged_residuals(fitted_machine(share, **changes), network=network)
+        model = tuple(sorted(changes.items())), readiness
+        sigmas = {key: abs(residuals[key]) / judged_sigma(key, False, *model) for key in JUDGED}
+        data = {key: abs(residuals[key]) / judged_sigma(key, True, *model) for key in JUDGED}
+        listed.append({"name": name, "hypothesis": text, "family": HYPOTHESIS_FAMILIES.get(name, text),
+                       "share": share,
+                       "residuals": {f"{curve} {nodes}": residuals[(curve, nodes)] for curve, nodes in JUDGED},
+                       "sigmas": {f"{curve} {nodes}": sigmas[(curve, nodes)] for curve, nodes in JUDGED},
+                       "within": sum(value <= VERDICT_SIGMAS for value in sigmas.values()),
+                       "within_data": sum(value <= VERDICT_SIGMAS for value in data.values()),
+                       "test": HYPOTHESIS_TESTS[name]})
     optimiser = optimiser_time(sum(g.bytes for g in unet().gradients), PERLMUTTER)
-    return [
-        {"hypothesis": "NCCL ran the ring where its model takes the tree (a ring only, its share refitted)",
-         "moves": moved["ring"], "test": "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING in the job (the table the tuner "
-         "chose from); the all-reduce sweep at 16 and 32 nodes with NCCL_ALGO=Ring and again with NCCL_ALGO=Tree"},
-        {"hypothesis": "the network plugin reported its own latency (150 us, as aws-ofi-nccl's AWS-branch releases "
-         "of 2022 did), which replaces 9.6 and 28 us", "moves": moved["plugin"],
-         "test": "the TUNING table's latencies, and the plugin's version in the NCCL_DEBUG=INFO log"},
-        {"hypothesis": "the tree's cap per channel (17.8 GB/s a channel) binds: its bandwidth is lower than the "
-         "share says", "moves": "not computed: needs the channel count", "test": "the channel count in "
-         "NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=GRAPH), and the sweep with NCCL_ALGO=Tree"},
-        {"hypothesis": "gradients become ready later in time than in FLOPs (the deep layers' small grids run below "
-         "the GPU's rate); the limit, every bucket ready at the backward pass's end", "moves": moved["late"],
-         "test": "the gradient-ready hooks timed with CUDA events on one GPU (time, not FLOPs)"},
-        {"hypothesis": f"the optimiser's step takes longer than its memory-bound estimate ({1e3 * optimiser:.1f} ms on "
-         "an A100), so the backward pass ends earlier than the model says", "moves": "at most the estimate's excess",
-         "test": "the optimiser and GradScaler's step alone, timed with CUDA events on one GPU"},
-        {"hypothesis": "NCCL's kernels hold SMs for the whole network phase, which grows with the nodes, while "
-                       "the model charges the GPU a fixed DDP cost", "moves": "not computed",
-         "test": "an Nsight Systems profile of one step at 2 and at 16 nodes: compute kernels' time with and "
-                 "without NCCL's kernels beside them"},
-        {"hypothesis": "the network gave a large job less than a small one (placement on the dragonfly, other "
-                       "jobs' traffic on the links between groups)", "moves": "not computed",
-         "test": "the all-reduce sweep at 2, 8, 16 and 32 nodes, repeated at different times"},
-        {"hypothesis": "each synthetic point is one run, and a slow one", "moves": f"{VERDICT_SIGMAS} run-to-run "
-         f"standard errors are {VERDICT_SIGMAS * RUN_TO_RUN:.1%}, less than either miss",
-         "test": "three runs of each point"},
-    ]
+    for name, text, moves, test in (
+        ("optimiser", f"the optimiser's step takes longer than its memory-bound estimate ({1e3 * optimiser:.1f} ms "
+         "on an A100), so the backward pass ends earlier than the model says", "at most the estimate's excess",
+         "the optimiser and GradScaler's step alone, timed with CUDA events on one GPU"),
+        ("sms", "NCCL's kernels hold SMs for the whole network phase, which grows with the nodes, while the model "
+         "charges the GPU a fixed DDP cost", "not computed", "an Nsight Systems profile of one step at 2 and at 16 "
+         "nodes: compute kernels' time with and without NCCL's kernels beside them"),
+        ("placement", "the network gave a large job less than a small one (placement on the dragonfly, other jobs' "
+         "traffic on the links between groups)", "not computed", "the all-reduce sweep at 2, 8, 16 and 32 nodes, "
+         "repeated at different times"),
+        ("slow run", "each synthetic point is one run, and a slow one", f"the --noddp runs scatter "
+         f"{100 * scaling_scatter():.2f}% about one rate, far less than either miss", "three runs of each point"),
+    ):
+        listed.append({"name": name, "hypothesis": text, "family": text, "share": None, "residuals": None,
+                       "sigmas": None, "within": None, "within_data": None, "moves": moves, "test": test})
+    return listed
+
+
+def hypotheses_markdown(listed):
+    """The computed hypotheses' residuals at every judged prediction, one row each."""
+    computed = [h for h in listed if h["residuals"]]
+    keys = list(computed[0]["residuals"])
+    lines = ["| hypothesis (its share refitted) | share | " + " | ".join(JUDGED_LABELS[key] for key in keys)
+             + f" | within {VERDICT_SIGMAS} standard errors | within {VERDICT_SIGMAS}, the data's own scatter |",
+             "|---" * (4 + len(keys)) + "|"]
+    for h in computed:
+        lines.append(f"| {h['hypothesis']} | {percent(h['share'])} | "
+                     + " | ".join(f"{signed(h['residuals'][key])} ({h['sigmas'][key]:.1f})" for key in keys)
+                     + f" | {h['within']} of {len(keys)} | {h['within_data']} of {len(keys)} |")
+    return "\n".join(lines)
+
+
+def synthetic_pattern(share=None):
+    """The misses' pattern: the published synthetic runs' efficiency against N x one GPU's rate, the
+    model's, what share of the network each asks for alone, and the algorithm the model takes for each
+    bucket (T tree, R ring), at 8, 16 and 32 nodes."""
+    machine = fitted_machine(fit()[0] if share is None else share)
+    cut = buckets(unet(), 25, 1.0)
+    rows = []
+    for nodes in (8, 16, 32):
+        gpus = 4 * nodes
+        rows.append({"nodes": nodes, "published": CURVES["synthetic"][nodes] / (gpus * A100_RATE),
+                     "reading": READING_ERROR / (gpus * A100_RATE),
+                     "model": curve_model("synthetic", nodes, machine) / (gpus * A100_RATE),
+                     "share_alone": share_to("synthetic", nodes),
+                     "algorithms": "".join(algorithm(size, gpus, machine)[0].upper() for size, _ in cut)})
+    return rows
+
+
+def tree_above(sizes, gpus, machine=PERLMUTTER, low=0.05, high=4.0):
+    """The share of the network above which NCCL's tuner takes the tree for all-reduces of each of ``sizes``
+    bytes over ``gpus`` GPUs, the ring for one of them below it (bisection between ``low`` and ``high``); None
+    where that is not so at ``low`` and at ``high``."""
+    def tree(share):
+        chosen = {algorithm(size, gpus, fitted_machine(share, machine)) for size in sizes}
+        return 1.0 if chosen == {"tree"} else 0.0
+
+    return solve(tree, 0.5, low, high) if tree(low) == 0.0 and tree(high) == 1.0 else None
 
 
 def fit_lines():
-    """The fitted share with its standard error, what each real-data run asks for alone, and the variant
-    with the published loader-alone points."""
-    lines = []
-    for loader, label in (("ideal", "the loader N x one GPU's (the ideal line)"),
-                          ("published", "the loader-alone curve's own points at 16 and 32 nodes")):
-        share, error = fit(loader=loader)
-        alone = ", ".join(f"{percent(share_to(c, n, loader=loader))} ({c} {n})" for c, n in FIT_POINTS)
-        lines.append(f"- {label}: {percent(share)} ± {100 * error:.1f} points; each run alone asks for {alone}")
+    """The fitted share with its standard errors (the fit's own, and with the inputs' noise), its chi-squared,
+    what each real-data run asks for alone, and the variant with the published loader-alone points."""
+    share, error = fit()
+    moved = input_errors()["share"]
+    lines = [f"- the loader N x one GPU's (the ideal line): {percent(share)} ± {100 * error:.1f} points (the fit's "
+             f"curvature); with the inputs' run-to-run noise (the loader's moves it ±{100 * moved['loader']:.1f} "
+             f"points, the compute's ±{100 * moved['compute']:.1f}) ± {100 * fitted_share_error():.1f} points; "
+             f"chi-squared {misfit(share):.2f} for {len(FIT_POINTS) - 1} degrees of freedom; each run alone asks for "
+             + ", ".join(f"{percent(share_to(c, n))} ({c} {n})" for c, n in FIT_POINTS)]
+    share, error = fit(loader="published")
+    lines.append(f"- the loader-alone curve's own points at 16 and 32 nodes: {percent(share)} ± {100 * error:.1f} "
+                 "points (the fit's curvature); each run alone asks for "
+                 + ", ".join(f"{percent(share_to(c, n, loader='published'))} ({c} {n})" for c, n in FIT_POINTS))
     return lines
+
+
+def pattern_lines(pattern):
+    """synthetic_pattern's rows, one line each, and the shares above which the tuner takes the tree for every
+    bucket."""
+    above = all_trees_above()
+    return [f"- {p['nodes']} nodes: published {percent(p['published'])} (reading ±{100 * p['reading']:.1f} points), "
+            f"model {percent(p['model'])}; alone it asks for a share of {percent(p['share_alone'])}; the model's "
+            f"buckets, in the order they are ready: {p['algorithms']}" for p in pattern] + [
+        "- every bucket on the tree (T) from a share of " + " and ".join(
+            f"{percent(share)} at {nodes} nodes" for nodes, share in above.items()) + ", one or more on the ring "
+        "below it"]
+
+
+def all_trees_above(nodes=(16, 32)):
+    """The share above which the tuner takes the tree for every one of bs64_opt's buckets (25 MB, a 1 MiB
+    first bucket), at each of ``nodes``: {nodes: share}."""
+    cut = [size for size, _ in buckets(unet(), 25, 1.0)]
+    return {n: tree_above(cut, 4 * n) for n in nodes}
 
 
 def plot(series, path, title):
@@ -1056,29 +1354,61 @@ def predicted_tables(share):
 
 def check_summary(rows=None):
     """What ``--check --json`` prints: the NCCL version the cost model is of, the fitted share with its
-    standard error (and with the published loader-alone points), the run-to-run spread, every published
-    point with its residual and errors, the verdict and the hypotheses for the misses."""
+    standard errors (and with the published loader-alone points), the run-to-run spread and the scaling data's
+    own scatter, the synthetic runs' pattern, every published point with its residual and errors, the two
+    verdicts and the hypotheses for the misses."""
     rows = rows if rows is not None else check_rows()
+    share = fit()
     return {"nccl": NCCL_VERSION, "algorithm": "ring or tree, the faster per call in NCCL's cost model",
-            "fitted_share": list(fit()), "fitted_share_loader_published": list(fit(loader="published")),
+            "fitted_share": list(share), "fitted_share_with_inputs": [share[0], fitted_share_error()],
+            "fitted_share_chi2": misfit(share[0]), "fitted_share_loader_published": list(fit(loader="published")),
             "fitted_to": [f"{c} {n}" for c, n in FIT_POINTS], "run_to_run": RUN_TO_RUN,
+            "scaling_scatter": scaling_scatter(), "input_errors_share": input_errors()["share"],
+            "pattern": synthetic_pattern(share[0]),
+            "all_trees_above": {str(nodes): above for nodes, above in all_trees_above().items()},
             "points": [{key: row[key] for key in ("curve", "nodes", "published", "model", "fitted", "term", "error",
-                                                 "reading", "sigma", "sigmas")} for row in rows],
-            "verdict": verdict(rows), "hypotheses": hypotheses()}
+                                                 "reading", "inputs", "sigma", "sigmas", "sigma_data", "sigmas_data")}
+                       for row in rows],
+            "verdict": verdict(rows), "verdict_data": verdict(rows, "sigmas_data"), "hypotheses": hypotheses()}
 
 
 def check_text(rows):
-    """--check's printout: the table, the verdict, the fit and the hypotheses."""
+    """--check's printout: the synthetic runs' pattern, the table, the two verdicts, the errors, the fit and
+    the hypotheses."""
+    listed = hypotheses()
+    tests = {}  # each test once, with the hypotheses it tests
+    for h in listed:
+        if h["test"] and h["family"] not in tests.setdefault(h["test"], []):
+            tests[h["test"]].append(h["family"])
+    real = [share_to(c, n) for c, n in FIT_POINTS]
     return "\n\n".join([
-        check_markdown(rows), verdict_line(verdict(rows)),
-        f"Standard error: the reading error and a run-to-run spread of {percent(RUN_TO_RUN)} (the relative standard "
-        "deviation of the original's six logged epochs of 4-GPU runs at local batch 16, one setting in the model) "
-        "combined. Judged: the independent predictions only (fitted points, inputs, N x an input and ratios of the "
-        "curves' points are listed, not judged).",
-        "The fitted share of Slingshot 11's 100 GB/s per node, to the real-data runs at 8, 16 and 32 nodes, with its "
-        "standard error:\n" + "\n".join(fit_lines()),
-        "Why the synthetic runs at 16 and 32 nodes may be slower than the model, what each moves, and its test:\n"
-        + "\n".join(f"- {h['hypothesis']}: {h['moves']}. Test: {h['test']}." for h in hypotheses())])
+        "The synthetic runs against the model: the published efficiency against N x one GPU's rate, the model's, "
+        f"and the share of the network each run asks for alone (the real-data runs ask for {percent(min(real))} "
+        f"to {percent(max(real))}):\n"
+        + "\n".join(pattern_lines(synthetic_pattern())),
+        check_markdown(rows), verdict_line(verdict(rows)), verdict_line(verdict(rows, "sigmas_data")),
+        f"Standard error: the reading error, a run-to-run spread of {percent(RUN_TO_RUN)} and, for the judged "
+        "predictions, the inputs' own run-to-run noise carried through the model (one A100's rate and one GPU's "
+        "loader, each one published run, moved by that spread, the share refitted), combined. The spread is the "
+        "relative standard deviation of the original's six logged epochs of 4-GPU runs at local batch 16: "
+        f"{sum(len(r['epochs']) for r in FOUR_GPU_RUNS) - 1} degrees of freedom, and one setting only by the "
+        "model's own claim that neither knob changes a node's step. The scaling data scatter far less: the "
+        f"synthetic --noddp runs at 8, 16 and 32 nodes lie within {100 * scaling_scatter():.2f}% of one rate per GPU "
+        "(relative standard deviation), and the fit's chi-squared is "
+        f"{misfit(fit()[0]):.2f} for {len(FIT_POINTS) - 1} degrees of freedom. The second verdict takes that "
+        "scatter for the synthetic points' and the inputs' run-to-run noise. Judged: the independent predictions "
+        "only (fitted points, inputs, N x an input and ratios of the curves' points are listed, not judged).",
+        "The fitted share: the ring's bus bandwidth between nodes in NCCL's cost model, as a share of Slingshot "
+        "11's 100 GB/s per node (a tree's bytes then move at 0.92 x 0.7-0.9 of it), fitted to the real-data runs "
+        "at 8, 16 and 32 nodes, with its standard error:\n" + "\n".join(fit_lines()),
+        "Why the synthetic runs at 16 and 32 nodes may be slower than the model. Each hypothesis the model can "
+        "compute, with its share refitted, at all seven judged predictions: its residual and, in brackets, that "
+        "in standard errors (reading, run-to-run and the inputs' noise through the hypothesis's own model):\n\n"
+        + hypotheses_markdown(listed)
+        + "\n\nThe others, what they move:\n"
+        + "\n".join(f"- {h['hypothesis']}: {h['moves']}" for h in listed if not h["residuals"])
+        + "\n\nThe test of each:\n"
+        + "\n".join(f"- {', or '.join(names)}: {test}." for test, names in tests.items())])
 
 
 def report(out_dir, image=None):
@@ -1100,8 +1430,10 @@ def report(out_dir, image=None):
                         for name, ranked in knobs.items()}}
     made = ("Made by `python -m benchmarks.scaling_model --report`: a computation from published and "
             "committed numbers, the same on any machine.")
-    network = (f"the network at {percent(share)} ± {100 * error:.1f} points of Slingshot 11's 100 GB/s per node "
-               f"(fitted to the real-data runs at 8, 16 and 32 nodes), NCCL {NCCL_VERSION}'s cost model")
+    error = fitted_share_error()
+    network = (f"the ring's bus bandwidth between nodes in NCCL {NCCL_VERSION}'s cost model at {percent(share)} ± "
+               f"{100 * error:.1f} points of Slingshot 11's 100 GB/s per node (fitted to the real-data runs at 8, 16 "
+               "and 32 nodes; its error with the inputs' noise)")
     texts = {
         "check": (f"# The model against the original tutorial's final scaling curves\n\n{made} The published points "
                   "are read off the original's plots (NERSC/sc22-dl-tutorial commit 2074095, 2022-11-12) by "
@@ -1134,6 +1466,7 @@ def report(out_dir, image=None):
         texts[f"knobs-{name}"] = (
             f"# The knobs at 32 nodes ({gpus} GPUs): {machines[name].name}\n\n{made} Weak-scaling efficiency against "
             f"as many GPUs alone, in whole percent; a range where the network's share less and plus its standard error "
+            "with the inputs' noise "
             f"({percent(max(share - error, 0.05))} and {percent(share + error)}) give different values{extra}. "
             "The model misses the published synthetic runs at 16 and 32 nodes (check.md): differences in the synthetic column "
             "smaller than that miss are not resolved.\n\n"
