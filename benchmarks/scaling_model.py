@@ -113,7 +113,7 @@ class Machine:
     ring_plateau: float = 1.0    # a large ring all-reduce across nodes: its latency times this (NCCL: 1.9)
     tree_correction: tuple = ()  # a tree's bandwidth times entry log2(bytes / 64) (NCCL's Simple row; () none)
     tree_channels: int = 0       # the tree's channels, each capped at tree_channel_bw (0: no cap)
-    tree_channel_bw: tuple = TREE_CHANNEL_BW  # GB/s a channel, for 1, 2 and more nodes
+    tree_channel_bw: tuple = TREE_CHANNEL_BW  # GB/s a channel, for 1, 2 and more nodes (Ampere's)
     reported_latency: float = None  # a network plugin's reported latency (s): NCCL's tuner chooses ring or tree
     #                                 with it in place of both network hops' latencies; the time keeps them
 
