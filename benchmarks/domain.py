@@ -29,6 +29,7 @@ when that folder holds files); ``--committed`` writes under ``benchmarks/results
 import argparse
 import datetime
 import json
+import math
 import os
 import subprocess
 import sys
@@ -181,10 +182,10 @@ def placed_halo(crop, base, mesh, gpus_per_node, full_scale=True):
 
 def copy_values(crop, base, mesh, full_scale=True, n_out=5):
     """Values that the halo exchange's transient copies read and write on a rank in one step, copies the
-    undivided model does not make: per convolution, the padded copy of its input, one per split axis,
-    made in forward and again in backward, and the gradient's block cut out of the padded gradient
-    (all but the first convolution); per transposed convolution, its output's crop (forward) and its
-    gradient padded back (backward)."""
+    undivided model does not make (utils/halo.py): per convolution, the padded copy of its input (the
+    block read, the padded block written), made in forward and again in backward, and the block's part
+    cut out of the padded gradient (all but the first convolution); per transposed convolution, its
+    output's crop (forward) and its gradient padded back (backward). The halos themselves are left out."""
     widths = [base, 2 * base, 4 * base, 8 * base, 8 * base] + ([8 * base] if full_scale else [])
     _, conv_inputs = unet_tensors(crop, base, full_scale)
     out_channels = list(reversed(widths[:-1])) + [n_out]
@@ -192,22 +193,18 @@ def copy_values(crop, base, mesh, full_scale=True, n_out=5):
     total = 0
     for index, (channels, side) in enumerate(conv_inputs):
         block = [side // parts for parts in mesh]
-        sizes = [channels * block[0] * block[1] * block[2]]
-        for axis in range(3):
-            if mesh[axis] > 1:
-                block[axis] += 2 * HALO
-                sizes.append(channels * block[0] * block[1] * block[2])
-        padding = sum(a + b for a, b in zip(sizes, sizes[1:]))
-        total += 2 * padding + (2 * sum(sizes[:-1]) if index else 0)
+        padded = [n + 2 * HALO if parts > 1 else n for n, parts in zip(block, mesh)]
+        inside, whole = channels * math.prod(block), channels * math.prod(padded)
+        total += 2 * (inside + whole) + (2 * inside if index else 0)
         if index >= first_transposed:
-            inner = [2 * (side // parts) for parts in mesh]
-            outer = [n + 4 * HALO if parts > 1 else n for n, parts in zip(inner, mesh)]
-            cropped = out_channels[index - first_transposed] * inner[0] * inner[1] * inner[2]
-            total += 2 * cropped + cropped + out_channels[index - first_transposed] * outer[0] * outer[1] * outer[2]
+            kept = [2 * n for n in block]
+            computed = [n + 4 * HALO if parts > 1 else n for n, parts in zip(kept, mesh)]
+            channels_out = out_channels[index - first_transposed]
+            total += 3 * channels_out * math.prod(kept) + channels_out * math.prod(computed)
     return total
 
 
-COST_CASES = ((256, [2, 1, 1]), (256, [4, 1, 1]), (1024, [4, 2, 2]), (1024, [2, 2, 4]))
+COST_CASES = ((256, [2, 1, 1]), (256, [4, 1, 1]), (1024, [16, 1, 1]), (1024, [4, 2, 2]), (1024, [2, 2, 4]))
 COST_RUNG = "gpu-inmem"  # the H100 ladder's fp32 rung: this code's step without autocast
 
 
@@ -251,7 +248,7 @@ def cost_table(base):
              f"({nic:g} GB/s) to the others, the group on consecutive ranks of {machine.gpus_per_node}-GPU nodes; "
              f"its messages' latency at NCCL's modelled hop ({machine.intra_latency * 1e6:g} us in a node, "
              f"{machine.inter_latency * 1e6:g} us between nodes) per exchange. Copies: the padded copies and "
-             f"gradient cuts that the undivided model does not make, read and written at the H100's "
+             f"gradient cuts that the undivided model does not make (copy_values), read and written at the H100's "
              f"{machine.memory_bw:g} GB/s. The exchange is blocking: the share adds to the step.", "",
              "| crop, mesh | compute per rank (ms) | halo, busiest rank (MiB) | of it between nodes (MiB) | "
              "halo time, slowest rank (ms) | exchanges in a row | their latency (ms) | copies (ms) | "

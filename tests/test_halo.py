@@ -108,6 +108,19 @@ def test_the_small_unet_at_128_on_blocks_equals_the_undivided_one(mesh, tmp_path
         assert result["gathers"] == []  # only point-to-point halo messages: no collective on the way
 
 
+def test_the_placement_splits_each_ranks_halo_between_its_node_and_the_others():
+    """benchmarks/domain.py's cost table: what each rank sends, placed on nodes of 4 GPUs, adds up to the
+    busiest rank's bytes on [2,2,2] (every rank has one neighbour per axis), and only depth, the axis
+    whose neighbours are 4 ranks apart, crosses nodes. On [2,2,4] nodes of 8 hold whole width rows."""
+    placed = domain.placed_halo(128, 4, [2, 2, 2], gpus_per_node=4)
+    assert all(4 * (inside + between) == domain.busiest_halo(128, 4, [2, 2, 2]) for inside, between in placed)
+    # Depth is exchanged first: its faces on [2,2,2] are a quarter of [2,1,1]'s (height and width halved).
+    assert all(4 * between == domain.busiest_halo(128, 4, [2, 1, 1]) // 4 for _, between in placed)
+    _, across = zip(*domain.placed_halo(1024, 64, [2, 2, 4], gpus_per_node=8))
+    _, deep = zip(*domain.placed_halo(1024, 64, [4, 2, 2], gpus_per_node=8))
+    assert 0 < max(across) < max(deep) and deep.count(0) == 8  # depth 0 and 3 have no neighbour off their node
+
+
 # What PyTorch's DTensor does with a Conv3d(kernel 4, stride 2, padding 1) on an input sharded along a
 # spatial axis over two gloo ranks, as run by tests/domain_worker.py dtensor (2026-11-25): torch 2.4.1
 # refuses every axis with this error; torch 2.13.0 returns, without an error, half the outputs along
@@ -150,6 +163,16 @@ def test_no_mesh_leaves_the_model_untouched():
     model = UNet(4, 5, base_channels=4, full_scale=False)
     assert halo.split_domain(model, DomainMesh()) is model
     assert not any(isinstance(module, halo.HaloConv) for module in model.modules())
+
+
+@pytest.mark.parametrize("layer", [nn.BatchNorm3d(4), nn.InstanceNorm3d(4), nn.GroupNorm(2, 4), nn.MaxPool3d(2),
+                                   nn.Upsample(scale_factor=2)], ids=lambda layer: type(layer).__name__)
+def test_a_model_with_a_layer_that_reaches_past_the_block_is_refused(layer):
+    """On a block, a normalisation would use the block's statistics: the split is refused, not computed wrong."""
+    model = nn.Sequential(nn.Conv3d(4, 4, kernel_size=4, stride=2, padding=1), layer)
+    with pytest.raises(ValueError, match=f"cannot split 1 \\({type(layer).__name__}\\)"):
+        halo.split_domain(model, DomainMesh(shape=(2, 1, 1)))
+    assert isinstance(model[0], nn.Conv3d)  # refused before anything is swapped
 
 
 def test_halo_conv_refuses_other_convolutions():

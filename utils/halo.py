@@ -64,39 +64,75 @@ def swap_faces(to_lower, to_upper, lower, upper, group):
     return tuple(received)
 
 
-def padded(x, dim, from_lower, from_upper):
-    """``x`` with one slice more at each end of ``dim``: the neighbour's face, or zeros where there is
-    none (the undivided convolution's padding, written into the copy: no tensor of zeros is made)."""
+def padded_block(x, layer):
+    """``x`` in the middle of a tensor one slice longer at each end of every split axis, in one copy: the
+    slices at the crop's faces zeros (the undivided convolution's padding, no tensor of zeros made), the
+    others left for the neighbours' faces."""
     shape = list(x.shape)
-    shape[dim] += 2 * HALO
-    out = x.new_empty(shape)
-    out.narrow(dim, HALO, x.size(dim)).copy_(x)
-    for start, face in ((0, from_lower), (shape[dim] - HALO, from_upper)):
-        end = out.narrow(dim, start, HALO)
-        end.zero_() if face is None else end.copy_(face)
-    return out
+    for axis in layer.split_axes:
+        shape[2 + axis] += 2 * HALO
+    block = x.new_empty(shape)
+    interior(block, layer).copy_(x)
+    for axis in layer.split_axes:
+        for peer, start in zip(layer.mesh.neighbours[axis], (0, shape[2 + axis] - HALO)):
+            if peer is None:
+                block.narrow(2 + axis, start, HALO).zero_()
+    return block
 
 
-def add_halo(x, dim, lower, upper, group):
-    """``x`` padded along ``dim`` with one face of each neighbour: ``(padded, from_lower, from_upper)``,
-    the faces None at the crop's faces."""
-    side = x.size(dim)
-    from_lower, from_upper = swap_faces(x.narrow(dim, 0, HALO), x.narrow(dim, side - HALO, HALO), lower, upper, group)
-    return padded(x, dim, from_lower, from_upper), from_lower, from_upper
+def interior(block, layer):
+    """The block's own voxels in a padded block (a view)."""
+    for axis in layer.split_axes:
+        block = block.narrow(2 + axis, HALO, block.size(2 + axis) - 2 * HALO)
+    return block
 
 
-def return_halo_gradient(grad, dim, lower, upper, group):
-    """The backward of :func:`add_halo`: the halo's gradients go back to the faces they came from, and the
-    neighbours' come back and are added to ours. At the crop's faces the padding's gradient is dropped."""
-    side = grad.size(dim) - 2 * HALO
-    from_lower, from_upper = swap_faces(grad.narrow(dim, 0, HALO), grad.narrow(dim, side + HALO, HALO),
-                                        lower, upper, group)
-    grad_x = grad.narrow(dim, HALO, side).clone()
-    if from_lower is not None:
-        grad_x.narrow(dim, 0, HALO).add_(from_lower)
-    if from_upper is not None:
-        grad_x.narrow(dim, side - HALO, HALO).add_(from_upper)
-    return grad_x
+def exchanged_part(block, layer, index):
+    """The part of a padded block that the exchange along the ``index``-th split axis reads and writes (a
+    view): the halos of the axes exchanged before it included, so that the corners travel on; the
+    interior only along the axes exchanged after it, whose halos are not there yet."""
+    for axis in layer.split_axes[index + 1:]:
+        block = block.narrow(2 + axis, HALO, block.size(2 + axis) - 2 * HALO)
+    return block
+
+
+def fill_halo(part, dim, from_lower, from_upper):
+    """Write the neighbours' faces into the first and last slice of ``part`` along ``dim`` (None: none there)."""
+    for face, start in ((from_lower, 0), (from_upper, part.size(dim) - HALO)):
+        if face is not None:
+            part.narrow(dim, start, HALO).copy_(face)
+
+
+def add_halos(x, layer):
+    """``x`` padded with its neighbours' faces along each split axis, depth then height then width:
+    ``(padded, [from_lower, from_upper per axis])``, a face None where it is the crop's."""
+    block, halos = padded_block(x, layer), []
+    for index, axis in enumerate(layer.split_axes):
+        part, dim = exchanged_part(block, layer, index), 2 + axis
+        lower, upper = layer.mesh.neighbours[axis]
+        from_lower, from_upper = swap_faces(part.narrow(dim, HALO, HALO), part.narrow(dim, part.size(dim) - 2 * HALO,
+                                                                                    HALO), lower, upper, layer.mesh.group)
+        fill_halo(part, dim, from_lower, from_upper)
+        halos += [from_lower, from_upper]
+    return block, halos
+
+
+def return_halo_gradients(grad, layer):
+    """The backward of :func:`add_halos` on the padded block's gradient ``grad`` (summed into in place):
+    the halos' gradients go back to the faces they came from, axes in reverse order, and the neighbours'
+    are added to ours; at the crop's faces the padding's gradient is dropped. Returns the block's own part."""
+    for index in reversed(range(len(layer.split_axes))):
+        axis = layer.split_axes[index]
+        part, dim = exchanged_part(grad, layer, index), 2 + axis
+        side = part.size(dim)
+        lower, upper = layer.mesh.neighbours[axis]
+        from_lower, from_upper = swap_faces(part.narrow(dim, 0, HALO), part.narrow(dim, side - HALO, HALO), lower,
+                                            upper, layer.mesh.group)
+        if from_lower is not None:
+            part.narrow(dim, HALO, HALO).add_(from_lower)
+        if from_upper is not None:
+            part.narrow(dim, side - 2 * HALO, HALO).add_(from_upper)
+    return interior(grad, layer).contiguous()
 
 
 class HaloConvFunction(torch.autograd.Function):
@@ -106,9 +142,9 @@ class HaloConvFunction(torch.autograd.Function):
     width), convolve. It saves the block and the thin halos received (none at the crop's faces), not the
     padded copy: the block is the tensor the previous layer's activation saves anyway, so a rank holds
     about 1/N of the undivided activations (a padded copy kept for backward would double them). The
-    padded copies are transient, one per split axis, but they count towards the peak memory. Backward:
-    rebuild the padded block, the convolution's gradients, then the halo gradients sent back to the
-    neighbours, axes in reverse order.
+    padded copy is made once whatever the number of split axes; it is transient, but counts towards
+    the peak memory. Backward: rebuild the padded block, the convolution's gradients, then the halo
+    gradients sent back to the neighbours, axes in reverse order, and the block's part cut out once.
     Under autocast the convolution runs in the autocast dtype, in both directions. The backward pass
     is the form's own (``form.backward``: the plain layer's is ``aten.convolution_backward``, an exact
     form's rearranges the gradients around its own convolution's), so the halo stays exact in either form.
@@ -116,11 +152,7 @@ class HaloConvFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, layer):
-        block, halos = x, []
-        for axis in layer.split_axes:
-            lower, upper = layer.mesh.neighbours[axis]
-            block, from_lower, from_upper = add_halo(block, 2 + axis, lower, upper, layer.mesh.group)
-            halos += [from_lower, from_upper]
+        block, halos = add_halos(x, layer)
         output = layer.convolve(block, weight, bias)
         ctx.layer, ctx.dtype, ctx.has_bias = layer, output.dtype, bias is not None
         ctx.save_for_backward(x, weight, *halos)  # None for the faces that are the crop's
@@ -130,18 +162,15 @@ class HaloConvFunction(torch.autograd.Function):
     def backward(ctx, grad_output):
         layer = ctx.layer
         x, weight, *halos = ctx.saved_tensors
-        block = x
+        block = padded_block(x, layer)
         for index, axis in enumerate(layer.split_axes):
-            block = padded(block, 2 + axis, halos[2 * index], halos[2 * index + 1])
+            fill_halo(exchanged_part(block, layer, index), 2 + axis, halos[2 * index], halos[2 * index + 1])
         grad_padded, grad_weight, grad_bias = layer.form.backward(
             layer.uncropped(grad_output).to(ctx.dtype), block.to(ctx.dtype), weight.to(ctx.dtype), layer.padding,
             [ctx.needs_input_grad[0], True, ctx.has_bias])
         grad_x = None
         if ctx.needs_input_grad[0]:  # the U-Net's input needs none: its halos need not travel back
-            grad_x = grad_padded.to(x.dtype)
-            for axis in reversed(layer.split_axes):
-                lower, upper = layer.mesh.neighbours[axis]
-                grad_x = return_halo_gradient(grad_x, 2 + axis, lower, upper, layer.mesh.group)
+            grad_x = return_halo_gradients(grad_padded.to(x.dtype), layer)  # the convolution's own tensor
         grad_bias = grad_bias.to(weight.dtype) if ctx.has_bias else None
         return grad_x, grad_weight.to(weight.dtype), grad_bias, None
 
@@ -196,11 +225,26 @@ class HaloConv(nn.Module):
                 f"{list(self.mesh.shape)}")
 
 
+# Layers that reach beyond one voxel's neighbourhood: on a block, a normalisation would use the block's
+# statistics instead of the sample's (they need an all-reduce over the domain group), and a pooling or
+# resampling layer would need halos of its own width. The U-Net has none of them.
+NOT_SPLIT = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.modules.pooling._MaxPoolNd,
+             nn.modules.pooling._AvgPoolNd, nn.modules.pooling._AdaptiveAvgPoolNd,
+             nn.modules.pooling._AdaptiveMaxPoolNd, nn.Upsample)
+
+
 def split_domain(model, mesh):
     """``model`` with every 3-D convolution computing on this rank's block; ``model`` itself when the
-    mesh has one rank. Changes the model in place (call before DDP/FSDP wrap it)."""
+    mesh has one rank. Changes the model in place (call before DDP/FSDP wrap it). A model with a
+    normalisation, pooling or resampling layer is refused: on a block it would compute something else."""
     if mesh.size == 1:
         return model
+    for name, module in model.named_modules():
+        if isinstance(module, NOT_SPLIT):
+            raise ValueError(f"split_domain cannot split {name} ({type(module).__name__}) over blocks: it "
+                             "reaches beyond a voxel's neighbours (a normalisation needs the whole sample's "
+                             "statistics, an all-reduce over the domain group), and utils/halo.py exchanges "
+                             "the halos of kernel-4, stride-2 convolutions only.")
     for module in list(model.modules()):
         for name, child in module.named_children():
             if isinstance(child, (nn.Conv3d, nn.ConvTranspose3d, ExactConv)):
