@@ -1,6 +1,7 @@
 """Shared fixtures: small real HDF5 data sets made by the project's own generator, and the test Slurm cluster."""
 import importlib.util
 import os
+import platform
 import re
 import shutil
 import socket
@@ -35,6 +36,12 @@ def timeout_for(idle_seconds):
 
 # A train.py run on a CPU times its own training step before it trains and logs how long it will take
 # (utils/estimate.py): on a loaded machine the estimate grows with the load.
+# PyTorch's and oneDNN's CPU kernels capped at AVX2 (each reads its cap when it first runs, so these go to a new
+# process): any x86-64 CPU then computes 16-bit arithmetic as one without native support for it does, in PyTorch's
+# generic reference code (utils/conv3d.py's emulated_on_cpu).
+AS_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+x86_only = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="AVX2 is an x86-64 instruction set")
+
 CPU_ESTIMATE = re.compile(r"would train for about ([\d.]+) (s|min|hours|days) on this CPU")
 SECONDS_PER = {"s": 1, "min": 60, "hours": 3600, "days": 86400}
 

@@ -98,3 +98,27 @@ def test_the_transposed_probe_asks_in_the_runs_layout(monkeypatch):
     monkeypatch.setattr(torch._C, "_select_conv_backend", select)
     conv3d.conv_backends(torch.device("cpu"), torch.float32, torch.channels_last_3d)
     assert asked == [(False, True, True), (True, True, True)]  # Conv3d, then ConvTranspose3d
+
+
+def cpu_backends(monkeypatch, answers):
+    """A CPU dispatcher that answers ``answers[dtype]`` (its Conv3d backend) for each precision."""
+    monkeypatch.setattr(conv3d, "conv_backends", lambda device, dtype, *_: (answers[dtype], "whatever"))
+
+
+@pytest.mark.parametrize("answers, emulated", [
+    ({torch.float32: "Mkldnn", torch.bfloat16: "Slow3d"}, True),      # an AVX2-only x86 CPU
+    ({torch.float32: "Mkldnn", torch.bfloat16: "Mkldnn"}, False),     # AVX-512 and newer
+    ({torch.float32: "Slow3d", torch.bfloat16: "Slow3d"}, False),     # no oneDNN at all: bf16 no slower than fp32
+])
+def test_a_cpu_emulates_16_bit_where_the_dispatcher_leaves_onednn_for_the_reference_code(monkeypatch, answers,
+                                                                                         emulated):
+    cpu_backends(monkeypatch, answers)
+    assert conv3d.emulated_on_cpu("bf16") is emulated
+    assert conv3d.emulated_on_cpu("none") is False  # fp32 is never emulated
+
+
+@pytest.mark.parametrize("supported", [True, False])
+def test_where_the_dispatcher_cannot_be_asked_onednn_s_own_check_answers(monkeypatch, supported):
+    cpu_backends(monkeypatch, {torch.float32: "unknown", torch.float16: "unknown"})
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_fp16_supported", lambda: supported, raising=False)
+    assert conv3d.emulated_on_cpu("fp16") is not supported

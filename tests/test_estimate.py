@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, run_train
+from conftest import AS_AVX2, ROOT, run_train, x86_only
 from utils import estimate
 from utils.estimate import check_run_time, format_duration, measure_cpu_flops
 from utils.distributed import World
@@ -77,6 +77,7 @@ def test_the_cpu_rate_is_measured_on_the_runs_own_step_where_it_fits(options, lo
         assert rate == 3 * 2 * 16 * 16 * 27 * 32**3 * 2 / 0.5
 
 
+@pytest.mark.cpu16
 def test_the_probe_runs_the_configured_model_in_its_precision(monkeypatch):
     built, autocasts = [], []
     real_unet, real_precision = estimate.UNet, estimate.Precision
@@ -99,13 +100,55 @@ def test_format_duration(seconds, text):
     assert format_duration(seconds) == text
 
 
-def test_a_cpu_run_logs_its_thread_count_and_warns_about_fp16(tmp_path):
-    # The run stops at its missing data file, after the device checks have logged.
-    result = run_train(["--config=test", "--amp_mode=fp16", f"--expdir={tmp_path}", "--train_path=/nowhere.h5"],
-                       env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
+@x86_only
+@pytest.mark.parametrize("amp_mode", ["bf16", "fp16"])
+def test_a_16_bit_run_on_a_cpu_without_it_says_why_it_is_slow_and_what_to_run(tmp_path, amp_mode):
+    """As an AVX2-only CPU runs it: one paragraph after the thread count, before the estimate. The run stops at
+    its missing data file, after the device checks have logged."""
+    result = run_train(["--config=test", f"--amp_mode={amp_mode}", f"--expdir={tmp_path}", "--train_path=/nowhere.h5"],
+                       env={**os.environ, **AS_AVX2, "OMP_NUM_THREADS": "1"}, check=False)
     assert result.returncode == 2 and "/nowhere.h5" in result.stderr
-    assert "CPU threads: 1 (torch.get_num_threads(); OMP_NUM_THREADS sets it; CPU: " in result.stdout
-    assert "--amp_mode=fp16 on a CPU is slow" in result.stdout and "use --amp_mode=bf16 or none" in result.stdout
+    lines = result.stdout.splitlines()
+    threads = next(i for i, line in enumerate(lines) if "CPU threads: 1 (torch.get_num_threads(); " in line)
+    assert lines[threads].endswith("AVX2). Losses differ in their last digits between thread counts.")
+    paragraph = lines[threads + 1]
+    assert f"WARNING - --amp_mode={amp_mode} is slow on this CPU: it has no native {amp_mode} arithmetic." in paragraph
+    assert re.search(rf"this run takes \d+ times as long in {amp_mode} as in fp32; the time estimate counts", paragraph)
+    assert "On this CPU, train in fp32 (leave out --amp_mode): " in paragraph  # bf16 is no way out under AVX2
+    assert "Estimated time: " in lines[threads + 2]
+
+
+@pytest.mark.parametrize("bf16_native", [False, True])
+def test_the_estimate_of_an_emulated_16_bit_run_is_made_at_its_measured_rate(caplog, monkeypatch, bf16_native):
+    """fp16 on a CPU that emulates it: the 16-bit step timed once at batch 1, fp32's at the run's batch, and the
+    paragraph's ratio is theirs; where bf16 is native, it is the advice."""
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(estimate, "emulated_on_cpu", lambda mode: mode == "fp16" or not bf16_native)
+    asked = []
+
+    def rates(params, local_batch, repeats=2, limit=None, amp_mode=None):
+        asked.append((amp_mode, local_batch, repeats, limit))
+        return (40e9, "fp32's probe") if amp_mode == "none" else (2e9, "fp16's probe")
+
+    monkeypatch.setattr(estimate, "measure_cpu_flops", rates)
+    params = load_params(["--config=demo", "--amp_mode=fp16"])
+    check_run_time(params, World(), torch.device("cpu"))
+    assert asked == [(None, 1, 1, estimate.EMULATED_PROBE_FLOPS), ("none", 8, 2, None)]
+    assert "(fp16's probe in fp16, fp32's probe in fp32), this run takes 20 times as long in fp16 as in fp32" \
+        in caplog.text
+    assert ("leave out --amp_mode, or --amp_mode=bf16, native here)" in caplog.text) is bf16_native
+    demo = 4 * 512 * 0.86e9 + 5 * 64 * 0.86e9 / 3
+    assert f"would train for about {format_duration(demo / 2e9)} on this CPU" in caplog.text
+    assert "at the 2 GFLOP/s per rank this CPU reached just now on fp16's probe" in caplog.text
+
+
+def test_a_run_the_cpu_computes_natively_measures_once_and_says_nothing_more(caplog, monkeypatch):
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(estimate, "emulated_on_cpu", lambda mode: False)
+    asked = []
+    monkeypatch.setattr(estimate, "measure_cpu_flops", lambda *args, **kwargs: asked.append(args) or (40e9, "a probe"))
+    check_run_time(load_params(["--config=demo", "--amp_mode=bf16"]), World(), torch.device("cpu"))
+    assert len(asked) == 1 and "is slow on this CPU" not in caplog.text
 
 
 def test_the_probes_compared_from_the_command_line():

@@ -176,6 +176,7 @@ def test_a_list_of_layers_the_options_name_is_profiled_as_a_fourth_table(tmp_pat
     assert "--exact_forms=[down.0.0,last], --jit_mode=none: the layers" in path.with_suffix(".md").read_text()
 
 
+@pytest.mark.cpu16
 def test_a_layer_alone_does_what_the_step_does_for_it_and_nothing_more():
     """A layer timed alone takes its input in the autocast dtype (the layer before's output), so no cast of it is
     timed, and returns its gradients without adding them to earlier ones (a step's backward writes them once):

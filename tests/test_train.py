@@ -175,6 +175,7 @@ def test_a_signal_anywhere_in_an_epoch_resumes_cleanly(data_files, tmp_path, nsa
     assert [e.value for e in cut] == pytest.approx([e.value for e in whole], rel=1e-5, abs=1e-7)
 
 
+@pytest.mark.cpu16
 def test_the_cpu_capable_speed_options_train_together(data_files, tmp_path):
     # bf16 autocast, channels_last_3d, torch's fused Adam and the TorchScript loss, in one real run.
     result = run_train(data_args(data_files, tmp_path, "--run_num=fast", "--amp_mode=bf16", "--channels_last",

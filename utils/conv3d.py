@@ -121,6 +121,37 @@ def running_precision(amp_mode, tf32, device):
     return precision
 
 
+def cpu_capability():
+    """The vector instructions PyTorch's own CPU kernels use here ("AVX2", "AVX512", "DEFAULT"...; the variable
+    ATEN_CPU_CAPABILITY can lower it)."""
+    ask = getattr(torch.backends.cpu, "get_cpu_capability", None)
+    return ask() if ask else "unknown"
+
+
+# The instructions oneDNN needs before it takes a 16-bit convolution (ideep's has_bf16_type_support and
+# has_fp16_type_support: the effective oneDNN ISA, which the variable ONEDNN_MAX_CPU_ISA can lower).
+ONEDNN_NEEDS = {"bf16": "AVX-512", "fp16": "AVX-512 FP16"}
+
+
+def emulated_on_cpu(amp_mode):
+    """Whether this CPU computes ``amp_mode``'s (bf16, fp16) 3-D convolutions in PyTorch's generic reference code
+    (Slow3d) while fp32's run in oneDNN, the library behind PyTorch's fast CPU convolutions: what a CPU without
+    native support for that dtype does, tens of times slower. Asked of the dispatcher, as the start-up line is;
+    where it cannot be asked, oneDNN's own check answers."""
+    dtype = AMP_DTYPES.get(amp_mode)
+    if dtype is None:
+        return False
+    cpu = torch.device("cpu")
+    sixteen, fp32 = conv_backends(cpu, dtype)[0], conv_backends(cpu, torch.float32)[0]
+    if "unknown" not in (sixteen, fp32):
+        return sixteen.startswith("Slow") and not fp32.startswith("Slow")
+    try:
+        supported = getattr(torch.ops.mkldnn, f"_is_mkldnn_{amp_mode}_supported")()
+    except (AttributeError, RuntimeError):  # a private API: absent or changed
+        return False
+    return not supported
+
+
 def on_cudnn(backends):
     """Whether the dispatcher put both kinds of convolution on cuDNN (None: it did not say)."""
     if "unknown" in backends:

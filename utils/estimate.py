@@ -12,7 +12,14 @@ convolution instead, which runs faster than the whole U-Net and so makes that es
 bound. On a GPU the rate is the datasheet's peak: a lower bound too. Every run logs its estimate
 before it trains; the refusal quotes the demo's estimate by the same model. What it leaves out:
 start-up, data loading, the validation metrics and the optimiser's step.
+
+A CPU without native bf16 (or fp16) arithmetic computes 16-bit convolutions in PyTorch's generic reference
+code, tens of times slower than fp32 (utils/conv3d.py's :func:`~utils.conv3d.emulated_on_cpu`). A run that
+asks for it there is told so in one paragraph, with the slow-down just measured on its own step at batch 1
+in both precisions (about a second), and its estimate is made at that measured 16-bit rate.
 """
+import contextlib
+import dataclasses
 import logging
 import platform
 import sys
@@ -21,6 +28,7 @@ import time
 import torch
 
 from networks.UNet import UNet
+from utils.conv3d import ONEDNN_NEEDS, cpu_capability, emulated_on_cpu
 from utils.errors import UserError
 from utils.flops import precision_of, resolve_peak_flops, unet_flops_per_sample
 from utils.optim import Precision
@@ -32,6 +40,7 @@ TINY_RUN_FLOPS = 1e11
 WARN_SECONDS = 10 * 60   # longer than this on a CPU: said in a warning
 REFUSE_SECONDS = 60 * 60  # longer than this on a CPU: refused unless --device=cpu asks for the CPU
 PROBE_FLOPS = 2e10        # the CPU's rate is timed on a step of at most this many FLOPs: about a second
+EMULATED_PROBE_FLOPS = 2e9  # the same where the CPU emulates 16-bit arithmetic: about a second at its rate
 
 
 def run_flops(params, flops_per_sample):
@@ -41,24 +50,24 @@ def run_flops(params, flops_per_sample):
     return training + validation
 
 
-def measure_cpu_flops(params, local_batch, repeats=2, limit=None):
+def measure_cpu_flops(params, local_batch, repeats=2, limit=None, amp_mode=None):
     """FLOP/s this CPU reaches on the run's training step, and what was timed, in words.
 
     The step is the run's own (its U-Net at its crop and local batch, forward, loss and backward,
-    in its precision), with the batch cut down to keep the step under ``limit`` (PROBE_FLOPS).
-    Best of ``repeats`` steps after one that also picks the kernels.
+    in its precision, or ``amp_mode``'s), with the batch cut down to keep the step under ``limit``
+    (PROBE_FLOPS). Best of ``repeats`` steps after one that also picks the kernels.
     """
     limit = PROBE_FLOPS if limit is None else limit
+    autocast = Precision(params.amp_mode if amp_mode is None else amp_mode, torch.device("cpu")).autocast
     per_sample = unet_flops_per_sample(params)
     if not per_sample or per_sample > limit:
-        return measure_conv_flops(repeats), "a 3-D convolution"
+        return measure_conv_flops(repeats, autocast, limit), "a 3-D convolution"
     batch = local_batch if local_batch * per_sample <= limit else max(1, int(limit // per_sample))
     side = params.crop_size
     model = UNet(params.N_in_channels, params.N_out_channels, params.base_channels, params.full_scale)
     model = model.to(memory_format=torch.channels_last_3d if params.channels_last else torch.contiguous_format)
     inputs = torch.randn(batch, params.N_in_channels, side, side, side)
     targets = torch.randn(batch, params.N_out_channels, side, side, side)
-    autocast = Precision(params.amp_mode, torch.device("cpu")).autocast
 
     def step():
         with autocast():
@@ -68,12 +77,19 @@ def measure_cpu_flops(params, local_batch, repeats=2, limit=None):
     return batch * per_sample / best_time(step, repeats), f"this run's training step at batch {batch}"
 
 
-def measure_conv_flops(repeats=2):
-    """FLOP/s this CPU reaches on a 3-D convolution's forward and backward (the U-Net's bulk)."""
-    inputs = torch.randn(2, 16, 32, 32, 32)
+def measure_conv_flops(repeats=2, autocast=contextlib.nullcontext, limit=PROBE_FLOPS):
+    """FLOP/s this CPU reaches on a 3-D convolution's forward and backward (the U-Net's bulk), under
+    ``autocast()`` (the run's precision), on 2 x 16 x 32^3, or on 2 x 16 x 16^3 where that is over ``limit``."""
+    side = 32 if 3 * 2 * 16 * 16 * 27 * 32**3 * 2 <= limit else 16
+    inputs = torch.randn(2, 16, side, side, side)
     conv = torch.nn.Conv3d(16, 16, 3, padding=1)
-    flops = 3 * 2 * 16 * 16 * 27 * 32**3 * 2  # forward, input and weight gradients; 2 FLOPs a multiply-add
-    return flops / best_time(lambda: conv(inputs).sum().backward(), repeats)
+    flops = 3 * 2 * 16 * 16 * 27 * side**3 * 2  # forward, input and weight gradients; 2 FLOPs a multiply-add
+    def step():
+        with autocast():
+            output = conv(inputs)
+        output.float().sum().backward()
+
+    return flops / best_time(step, repeats)
 
 
 def best_time(step, repeats):
@@ -97,15 +113,48 @@ def format_duration(seconds):
     return f"{seconds / 86400:.1f} days"
 
 
-def describe_cpu(params):
+def describe_cpu():
     """The CPU facts a user needs to compare runs: its model and thread count (the thread count changes
-    the order of the floating-point sums, hence the losses' last digits), and that fp16 autocast is
-    slow on CPUs."""
-    logging.info("CPU threads: %d (torch.get_num_threads(); OMP_NUM_THREADS sets it; CPU: %s). Losses differ in "
-                 "their last digits between thread counts.", torch.get_num_threads(), cpu_model())
-    if params.amp_mode == "fp16":
-        logging.warning("--amp_mode=fp16 on a CPU is slow: PyTorch's CPU float16 convolutions run several times "
-                        "slower than fp32 ones. On a CPU use --amp_mode=bf16 or none; fp16 is for GPUs.")
+    the order of the floating-point sums, hence the losses' last digits)."""
+    logging.info("CPU threads: %d (torch.get_num_threads(); OMP_NUM_THREADS sets it; CPU: %s, %s). Losses differ "
+                 "in their last digits between thread counts.", torch.get_num_threads(), cpu_model(),
+                 cpu_capability())
+
+
+@dataclasses.dataclass(frozen=True)
+class Emulated:
+    """A run's 16-bit arithmetic as this CPU emulates it, measured: its rate and fp32's, on what."""
+    mode: str         # "bf16" or "fp16"
+    rate: float       # FLOP/s of the 16-bit step, timed at batch 1
+    probe: str        # what that was, in words
+    fp32_rate: float  # FLOP/s of the fp32 step, timed as every run's is
+    fp32_probe: str
+
+    @property
+    def slowdown(self):
+        """How many times its fp32 time the run takes."""
+        return self.fp32_rate / self.rate
+
+    def paragraph(self):
+        """Why the run is slow, by how much, and what to run instead, for a learner."""
+        mode = self.mode
+        bf16 = "" if emulated_on_cpu("bf16") else ", or --amp_mode=bf16, native here"
+        return (f"--amp_mode={mode} is slow on this CPU: it has no native {mode} arithmetic. oneDNN, the library "
+                f"behind PyTorch's fast CPU convolutions, takes {mode} only on CPUs with {ONEDNN_NEEDS[mode]} "
+                f"(PyTorch's own kernels use {cpu_capability()} here), so every {mode} 3-D convolution runs in "
+                f"PyTorch's generic reference code instead. At the rates measured just now ({self.probe} in {mode}, "
+                f"{self.fp32_probe} in fp32), this run takes {self.slowdown:.0f} times as long in {mode} as in fp32; "
+                f"the time estimate counts with that. On this CPU, train in fp32 (leave out --amp_mode{bf16}): the "
+                "tutorial's 16-bit numbers come from GPUs (docs/03-profiling-and-optimisation.md#mixed-precision-and-tf32).")
+
+
+def emulated_16bit(params, local_batch):
+    """:class:`Emulated` where this CPU emulates the run's 16-bit arithmetic, else None. The 16-bit step is timed at
+    batch 1 (one untimed and one timed step: about a second), the fp32 one as every run's is."""
+    if not emulated_on_cpu(params.amp_mode):
+        return None
+    rate, probe = measure_cpu_flops(params, 1, repeats=1, limit=EMULATED_PROBE_FLOPS)
+    return Emulated(params.amp_mode, rate, probe, *measure_cpu_flops(params, local_batch, amp_mode="none"))
 
 
 def cpu_model():
@@ -127,8 +176,13 @@ def check_run_time(params, world, device):
     Called on every rank with the same options; the ranks measure their CPUs at the same moment, so
     each measures its share of the machine.
     """
+    local_batch = params.global_batch_size // data_parallel_size(params.domain_mesh, world.size)
+    emulated = None
     if device.type == "cpu":
-        describe_cpu(params)
+        describe_cpu()
+        emulated = emulated_16bit(params, local_batch)
+        if emulated:
+            logging.warning(emulated.paragraph())
     flops_per_sample = unet_flops_per_sample(params)
     if not flops_per_sample:
         return
@@ -143,7 +197,7 @@ def check_run_time(params, world, device):
             logging.info("Estimated time: at least %s (%.3g PFLOP at %d GPU(s)' peak).",
                          format_duration(total / (peak * world.size)), total / 1e15, world.size)
         return
-    rate, probe = measure_cpu_flops(params, params.global_batch_size // data_parallel_size(params.domain_mesh, world.size))
+    rate, probe = (emulated.rate, emulated.probe) if emulated else measure_cpu_flops(params, local_batch)
     seconds = total / (rate * world.size)
     summary = (f"--config={params.config} would train for about {format_duration(seconds)} on this CPU: "
                f"{params.num_epochs} epoch{'s' * (params.num_epochs != 1)} of {params.Nsamples} samples at "
