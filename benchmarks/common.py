@@ -19,6 +19,7 @@ import subprocess
 
 import torch
 
+from utils.conv3d import cpu_capability
 from utils.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -209,10 +210,12 @@ def dali_importable():
 
 
 def device_name(gpu):
-    """The GPU's name (device 0), or the CPU machine's: "CPU (<host>, <N> cores)"."""
+    """The GPU's name (device 0), or the CPU machine's: "CPU (<host>, <N> cores, <the vector instructions PyTorch's
+    kernels use>)", e.g. "CPU (vm, 2 cores, AVX2)": a CPU with AVX-512 computes bf16 natively, one with AVX2 only
+    emulates it, tens of times slower."""
     if gpu:
         return torch.cuda.get_device_name(0)
-    return f"CPU ({socket.gethostname()}, {os.cpu_count()} cores)"
+    return f"CPU ({socket.gethostname()}, {os.cpu_count()} cores, {cpu_capability()})"
 
 
 def device_slug(name):

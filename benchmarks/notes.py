@@ -54,9 +54,12 @@ PROVENANCE = re.compile(r"^(Measured by|Measured with|Made by|Made with|Two |One
 DATE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 # Devices as the provenance lines name them, in this order (a prediction for an H100 is a computation),
 # then as the tools name their result files and folders.
-DEVICES = (("a computation", "none (a computation)"), ("H100", "H100"), ("H200", "H200"), ("CPU", "CPU (2 cores)"),
-           ("2-core", "CPU (2 cores)"))
-PATH_DEVICES = (("nvidia-h100", "H100"), ("nvidia-h200", "H200"), ("cpu-vm-2-cores", "CPU (2 cores)"))
+# A CPU named with the vector instructions PyTorch's kernels use (benchmarks/common.py's device_name, from
+# 2026-11-29) is told apart: an AVX2-only CPU emulates bf16. The older files do not say.
+DEVICES = (("a computation", "none (a computation)"), ("H100", "H100"), ("H200", "H200"),
+           ("AVX2)", "CPU (2 cores, AVX2)"), ("CPU", "CPU (2 cores)"), ("2-core", "CPU (2 cores)"))
+PATH_DEVICES = (("nvidia-h100", "H100"), ("nvidia-h200", "H200"), ("cpu-vm-2-cores-avx2", "CPU (2 cores, AVX2)"),
+                ("cpu-vm-2-cores", "CPU (2 cores)"))
 
 # What the GPU work has still to measure, and the targets it is measured against (one H100 or H200,
 # local batch 64, crop 64, bf16, side by side in one run). A row leaves this list when its result is committed.
