@@ -92,13 +92,23 @@ def device_of(provenance, text, path):
     return named or (first[0][1] if first else next((device for key, device in PATH_DEVICES if key in path), "-"))
 
 
+LINK = re.compile(r"\]\((?!https?://|#|mailto:)([^)\s#]+)")
+
+
+def rebased(line, path):
+    """``line`` of the note ``path`` with its relative links made relative to the notes' own folder."""
+    def target(match):
+        return "](" + os.path.relpath(os.path.join(os.path.dirname(path), match.group(1)), os.path.dirname(NOTES))
+    return LINK.sub(target, line)
+
+
 def describe(root, path):
-    """``{title, provenance, device, date, path}`` of one result note."""
+    """``{title, provenance, device, date, path}`` of one result note; the provenance's links work from the notes."""
     text = open(os.path.join(root, path), encoding="utf-8").read()
     lines = [line.strip() for line in text.splitlines()]
     headings = [line[2:].strip() for line in lines if line.startswith("# ")]
-    provenance = next((line for line in lines if PROVENANCE.match(line)),
-                      next((line for line in lines if line and not line.startswith(("#", "|"))), ""))
+    provenance = rebased(next((line for line in lines if PROVENANCE.match(line)),
+                              next((line for line in lines if line and not line.startswith(("#", "|"))), "")), path)
     title = headings[0] if headings else os.path.splitext(os.path.basename(path))[0]
     dates = DATE.findall(provenance) or DATE.findall(path) or DATE.findall(text)
     evidence = evidence_of(root, path, text)

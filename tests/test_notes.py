@@ -18,6 +18,22 @@ def test_the_committed_notes_are_what_the_results_make():
     assert result.returncode == 0, result.stdout[-3000:]
 
 
+def test_every_relative_link_of_the_committed_notes_exists():
+    """The provenance lines are copied from notes one or two folders down: their links are rebased."""
+    with open(os.path.join(ROOT, notes.NOTES)) as f:
+        targets = notes.LINK.findall(f.read())
+    missing = [t for t in targets if not os.path.exists(os.path.join(ROOT, os.path.dirname(notes.NOTES), t))]
+    assert targets and not missing, missing
+
+
+def test_a_provenance_line_s_links_are_rebased_onto_the_notes_folder():
+    line = "After [the runs](../scaling/cpu-vm-2-cores-2026-11-25/README.md#runs), [the model](model.md), " \
+           "[NCCL](https://github.com/NVIDIA/nccl) and [below](#below)."
+    assert notes.rebased(line, "benchmarks/results/scaling_model/cpu.md") == \
+        "After [the runs](scaling/cpu-vm-2-cores-2026-11-25/README.md#runs), [the model](scaling_model/model.md), " \
+        "[NCCL](https://github.com/NVIDIA/nccl) and [below](#below)."
+
+
 def write(root, path, text):
     os.makedirs(os.path.dirname(os.path.join(root, path)), exist_ok=True)
     with open(os.path.join(root, path), "w") as file:
