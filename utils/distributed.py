@@ -473,8 +473,9 @@ def wrap_ddp(model, params, device, graph_capture=False):
     if params.disable_broadcast_buffers:
         # No broadcast of buffers from rank 0 before every forward. DDP broadcasts only when the model
         # has buffers, and the U-Net has none: for this model the flag changes nothing. Newer torch
-        # renames the option and warns about the old name; torch 2.4 knows only the old one. Either
-        # way buffers are still made equal once, when DDP starts.
+        # renames the option and warns about the old name; torch 2.4 knows only the old one. The two
+        # differ at the start: forward_sync_buffers=False still makes the buffers equal once, when DDP
+        # starts, while broadcast_buffers=False skips that too.
         if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
             options["forward_sync_buffers"] = False
         else:
