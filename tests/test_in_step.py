@@ -1,4 +1,6 @@
 """benchmarks/in_step.py: one real training step's time, attributed layer by layer from the profiler's events."""
+import functools
+
 import pytest
 import torch
 
@@ -277,6 +279,168 @@ def test_the_committed_traces_kernel_kinds_are_those_docs_09_quotes():
     quotes.assert_quoted(text, *(number for _, ms, share in kinds for number in (ms, share)))
     sm80 = re.search(r"^\| sm80 \| ([\d.]+) \| ([\d.]+)% \|$", summary, flags=re.M)
     quotes.assert_quoted(text, sm80.group(1), sm80.group(2))
+
+
+@functools.lru_cache(maxsize=None)
+def committed_trace(name):
+    """``(kernels, steps)`` of a committed GPU trace (sample_nsys_profiles/), for the numbers docs 03 and 09 read
+    off it. Each kernel is ``(name, microseconds, stream, call, around)``: ``call`` is the outermost convolution
+    operator around the CUDA launch that queued it (the profiler's correlation id), as ``(operator, first input's
+    shape, second input's shape)``, or None; ``around`` holds the names of every CPU event around that launch."""
+    import gzip
+    import json
+    import os
+
+    from conftest import ROOT
+    path = os.path.join(ROOT, "sample_nsys_profiles", name)
+    with gzip.open(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    # One sweep over each thread's events in time order: the CPU events open at a launch are the ones around it.
+    timeline, around_launch, stack = [], {}, []
+    for event in events:
+        if event.get("cat") in ("cpu_op", "user_annotation"):
+            timeline.append((event["tid"], event["ts"], 0, -event["dur"], id(event), event))
+        elif event.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in event.get("args", {}):
+            timeline.append((event["tid"], event["ts"], 1, 0, id(event), event))
+    thread = None
+    for tid, ts, is_launch, _, _, event in sorted(timeline):
+        if tid != thread:
+            thread, stack = tid, []
+        while stack and stack[-1]["ts"] + stack[-1]["dur"] < ts:
+            stack.pop()
+        if is_launch:
+            around_launch[event["args"]["correlation"]] = list(stack)
+        else:
+            stack.append(event)
+    kernels = []
+    for event in (event for event in events if event.get("cat") == "kernel"):
+        around = around_launch.get(event["args"].get("correlation"), [])
+        convolutions = [e for e in around if e["name"] in ("aten::conv3d", "aten::conv_transpose3d",
+                                                           "aten::convolution_backward")]
+        call = (convolutions[0]["name"], *(tuple(dims) for dims in convolutions[0]["args"]["Input Dims"][:2])) \
+            if convolutions else None
+        kernels.append((event["name"], event["dur"], event["args"]["stream"], call, [e["name"] for e in around]))
+    _, steps = in_step.trace_kernels(path)
+    return kernels, steps
+
+
+# The calls of the first and last layers and of `up 1`, forward and backward, at batch 64 and 64^3 crops.
+FIRST = [("aten::conv3d", (64, 4, 64, 64, 64), (64, 4, 4, 4, 4)),
+         ("aten::convolution_backward", (64, 64, 32, 32, 32), (64, 4, 64, 64, 64))]
+LAST = [("aten::conv_transpose3d", (64, 128, 32, 32, 32), (128, 5, 4, 4, 4)),
+        ("aten::convolution_backward", (64, 5, 64, 64, 64), (64, 128, 32, 32, 32))]
+UP_1 = ("aten::conv_transpose3d", (64, 256, 16, 16, 16), (256, 64, 4, 4, 4))
+
+
+def test_docs_quote_the_committed_traces_convolution_calls():
+    """docs/09's reading of the bf16 + fused Adam + JIT rung's H100 trace call by call: the first and last layers'
+    share of the kernel time (and docs/03's), the calls' share, the last layer's layout conversions; `up 1`'s and
+    the last layer's forwards in one kernel, their rates, the tile's use, and the roofline reading of the first and
+    last layers, each recomputed from the trace and the FLOP table."""
+    import re
+
+    import quotes
+    kernels, steps = committed_trace("gpu_inmem_bf16_fused_jit.pt.trace.json.gz")
+
+    def ms(chosen):  # ms a step
+        return sum(kernel[1] for kernel in chosen) / steps / 1e3
+
+    total = ms(kernels)
+    by_call = {}
+    for kernel in kernels:
+        by_call.setdefault(kernel[3], []).append(kernel)
+    first, last = (ms([k for call in calls for k in by_call[call]]) for calls in (FIRST, LAST))
+    conversions = ms([k for call in LAST for k in by_call[call] if in_step.kernel_kind(k[0]) == "layout conversions"])
+    share = 100 * (first + last) / total
+    calls_share = 100 * (1 - ms(by_call[None]) / total)
+    inside = quotes.section("docs/09-going-further.md", "Inside the real step")
+    quotes.assert_quoted(inside, f"{calls_share:.1f}", f"{first:.2f}", f"{last:.2f}", f"{conversions:.2f}",
+                         f"{share:.1f}", f"{total:.2f}")
+    quotes.assert_quoted(quotes.section("docs/09-going-further.md", "Where the time goes"), f"{share:.1f}")
+    quotes.assert_quoted(quotes.section("docs/03-profiling-and-optimisation.md", "The optimisation ladder"),
+                         f"{share:.1f}")
+    assert all(in_step.kernel_kind(k[0]) != "layout conversions" for k in by_call[None])  # all inside the calls
+
+    def forward(call):  # the kernel that takes most of the call's time: its convolution
+        names = {}
+        for kernel in by_call[call]:
+            names[kernel[0]] = names.get(kernel[0], 0) + kernel[1]
+        name = max(names, key=names.get)
+        return name, names[name] / steps / 1e3
+
+    (up_1, up_1_ms), (last_name, last_ms), (first_name, first_ms) = forward(UP_1), forward(LAST[0]), forward(FIRST[0])
+    assert up_1 == last_name and "dgrad" in up_1 and "strided" in up_1  # one kernel for both
+    flops = {"up 1": 2 * 64 * 16 ** 3 * 256 * 64 * 4 ** 3, "last": 2 * 64 * 32 ** 3 * 128 * 5 * 4 ** 3,
+             "first": 2 * 64 * 32 ** 3 * 4 * 64 * 4 ** 3}  # multiply-adds of each forward, 2 FLOPs each
+    rate = {"up 1": flops["up 1"] / up_1_ms / 1e9, "last": flops["last"] / last_ms / 1e9,
+            "first": flops["first"] / first_ms / 1e9}  # TFLOP/s
+    tile_n = int(re.search(r"tilesize(\d+)x(\d+)x(\d+)", up_1).group(2))
+    # Forward FLOPs per byte, from docs/09's FLOP table (tests/test_layers.py checks it is the tool's).
+    table = quotes.read("docs/09-going-further.md")
+    intensity = {row: int(re.search(rf"^\| {name} \| [^|]* \| [^|]* \| [^|]* \| [^|]* \| (\d+) \|$", table,
+                                    flags=re.M).group(1)) for row, name in (("first", "down 1"), ("last", "last"))}
+    bandwidth = {row: rate[row] / intensity[row] for row in ("first", "last")}  # TB/s at the least traffic
+    forms = quotes.section("docs/09-going-further.md", "Exact faster forms of the slow layers")
+    quotes.assert_quoted(forms, f"{flops['up 1'] / 1e9:.1f}", f"{up_1_ms:.2f}", f"{rate['up 1']:.0f}",
+                         f"{flops['last'] / 1e9:.1f}", f"{last_ms:.2f}", f"{rate['last']:.1f}",
+                         f"{100 * 5 / tile_n:.1f}", f"{100 * 8 / tile_n:.1f}", 8 * 5,
+                         f"{flops['last'] * tile_n / 5 / rate['up 1'] / 1e9:.1f}",
+                         intensity["last"], f"{bandwidth['last']:.2f}", intensity["first"], f"{rate['first']:.0f}",
+                         f"{bandwidth['first']:.2f}", f"{100 * bandwidth['first'] / 3.35:.0f}")
+    assert 100 * bandwidth["last"] / 3.35 < 4  # "under 4% of the H100's 3.35 TB/s"
+
+
+def test_docs_quote_the_committed_traces_optimiser_loss_gaps_and_dali_kernels():
+    """docs/03's optimiser kernels foreach and fused (and the step time fused Adam saved in the ladder), the loss's
+    few kernels, the baseline's idle gaps between pairs of steps and its busy share; docs/09's DALI kernels beside
+    the training's, each from its committed trace."""
+    import json
+    import os
+
+    import quotes
+    from conftest import ROOT
+
+    def optimiser_ms(name):
+        kernels, steps = committed_trace(name)
+        return sum(k[1] for k in kernels if any(e.startswith("Optimizer.step#") for e in k[4])) / steps / 1e3
+
+    foreach, fused = optimiser_ms("gpu_inmem_bf16.pt.trace.json.gz"), optimiser_ms(
+        "gpu_inmem_bf16_fused_jit.pt.trace.json.gz")
+    chapter = "docs/03-profiling-and-optimisation.md"
+    quotes.assert_quoted(quotes.section(chapter, "Fused Adam, JIT"), f"{fused:.1f}", f"{foreach:.1f}")
+    with open(os.path.join(ROOT, "benchmarks", "results", "nvidia-h100-80gb-hbm3-2026-11-25.json")) as f:
+        full = {run["name"]: run["full"] for run in json.load(f)["runs"]}
+    saved = 1e3 * (64 / full["gpu-inmem + AMP bf16"] - 64 / full["+ fused Adam (bf16)"])
+    assert f"{saved:.1f}" == f"{foreach - fused:.1f}"  # the step shortened by what the kernels save
+    quotes.assert_quoted(quotes.section(chapter, "The optimisation ladder"), f"{saved:.1f}")
+
+    kernels, steps = committed_trace("gpu_inmem_bf16.pt.trace.json.gz")
+    loss = [k for k in kernels if "aten::l1_loss" in k[4] and not any("Backward" in e for e in k[4])]
+    assert len(loss) == 4 * steps and round(sum(k[1] for k in loss) / steps / 1e3) == 1  # "four kernels, about 1 ms"
+
+    import gzip
+    with gzip.open(os.path.join(ROOT, "sample_nsys_profiles", "baseline.pt.trace.json.gz"), "rt") as f:
+        baseline = sorted((e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    end, gaps = baseline[0]["ts"], []
+    for kernel in baseline:
+        if kernel["ts"] - end > 1e5:  # the GPU idle over 100 ms
+            gaps.append(kernel["ts"] - end)
+        end = max(end, kernel["ts"] + kernel["dur"])
+    busy = sum(k["dur"] for k in baseline) / (end - baseline[0]["ts"])
+    assert len(gaps) == 2  # 4 steps: two pairs, run back to back
+    quotes.assert_quoted(quotes.section(chapter, "Profiling with Nsight"), f"{min(gaps) / 1e6:.2f}",
+                         f"{max(gaps) / 1e6:.2f}", f"{100 * busy:.0f}")
+
+    kernels, steps = committed_trace("dali/dali_bf16_fused.pt.trace.json.gz")
+    streams = {}
+    for kernel in kernels:
+        streams[kernel[2]] = streams.get(kernel[2], 0) + kernel[1]
+    training = max(streams, key=streams.get)
+    dali = [k for k in kernels if k[2] != training]
+    assert all(k[0].startswith("void dali::") for k in dali)
+    dali_us = sum(k[1] for k in dali)
+    quotes.assert_quoted(quotes.section("docs/09-going-further.md", "The ladder on an H200"),
+                         f"{dali_us / steps / 1e3:.2f}", f"{100 * dali_us / sum(streams.values()):.1f}")
 
 
 def test_kernels_are_sorted_by_their_names():

@@ -218,6 +218,93 @@ def test_the_prefetchers_numbers_are_those_of_the_h100_loader_rungs():
     quotes.assert_quoted(quotes.section("docs/09-going-further.md", "The device prefetcher, measured"), *expected)
 
 
+def ladder_runs(path):
+    """{rung: its run} of a committed ladder's results JSON (a path relative to the repository)."""
+    with open(os.path.join(ROOT, path)) as f:
+        return {run["name"]: run for run in json.load(f)["runs"]}
+
+
+H100_LADDER, H200_LADDER = "benchmarks/results/nvidia-h100-80gb-hbm3-2026-11-25.json", \
+    "benchmarks/results/nvidia-h200-2026-11-26.json"
+
+
+def test_docs_03_derives_its_copy_graph_and_peak_numbers_from_the_ladders():
+    """docs/03: the H100's copy of a 604 MB batch (a SYNTHETIC step with the copy against the GPU-resident one's),
+    what the CUDA graph saved at batch 8, the ladder's MFU peaks per precision (the files' MFU implies the model's
+    80.5 GFLOP only with TF32's peak in the first row and 16-bit's in the others), the H200's repeat of the small
+    gains."""
+    from utils.flops import PEAK_TFLOPS_TABLE
+
+    chapter = "docs/03-profiling-and-optimisation.md"
+    h100, h200 = ladder_runs(H100_LADDER), ladder_runs(H200_LADDER)
+    loaders = ladder_runs("benchmarks/results/loaders/nvidia-h100-80gb-hbm3-2026-11-25.json")
+    with_copy, without = 64e3 / loaders["lowmem, 8 workers"]["synthetic"], 64e3 / h100["gpu-inmem"]["synthetic"]
+    batch_bytes = 64 * 64 ** 3 * 9 * 4
+    quotes.assert_quoted(quotes.prose(quotes.section(chapter, "Data loading")), f"{batch_bytes / 1e6:.0f}",
+                         f"{with_copy - without:.0f}", f"{batch_bytes / (with_copy - without) / 1e6:.0f}",
+                         f"{with_copy:.1f}", f"{without:.1f}")
+    eager, graph = (8e3 / h100[rung]["full"] for rung in ("batch 8: gpu-inmem bf16 fused", "batch 8: + CUDA graph"))
+    quotes.assert_quoted(quotes.section(chapter, "CUDA graphs"), f"{eager - graph:.1f}", f"{eager:.1f}")
+
+    peaks = dict(PEAK_TFLOPS_TABLE)["H100"]
+    ladder = quotes.section(chapter, "The optimisation ladder")
+    quotes.assert_quoted(ladder, peaks["tf32"], peaks["bf16"])
+    for name, run in h100.items():
+        peak = peaks[run["precision"]]
+        assert peak == (peaks["tf32"] if name == "gpu-inmem" else peaks["bf16"]), (name, run["precision"])
+        assert run["mfu"]["full"] * peak * 1e12 / run["full"] == pytest.approx(80.46e9, rel=2e-3), name
+    repeated = [100 * (h200[rung]["full"] / h200[before]["full"] - 1) for rung, before in (
+        ("+ fused Adam (bf16)", "gpu-inmem + AMP bf16"), ("batch 8: + CUDA graph", "batch 8: gpu-inmem bf16 fused"))]
+    quotes.assert_quoted(ladder, *(f"{gain:.1f}" for gain in repeated))
+
+
+def test_docs_09_derives_its_mfu_h200_and_cpu_layer_readings_from_the_files():
+    """docs/09: this code's SYNTHETIC MFU on the H100 against the original's A100 (the peaks' and the memories'
+    ratios from the datasheets, the steps' from the samples/s); the H200's gain with and without channels_last;
+    the notes' MFU target and the best layer's share of the peak; the CPU layer tables' shares at crop 64 and 32."""
+    from utils.flops import PEAK_TFLOPS_TABLE
+
+    chapter = "docs/09-going-further.md"
+    h100, h200 = ladder_runs(H100_LADDER), ladder_runs(H200_LADDER)
+    peaks = dict(PEAK_TFLOPS_TABLE)
+    anchors = quotes.section(chapter, "Where the time goes")
+    # The original's A100 SYNTHETIC samples/s, from the chapter's table of its runs.
+    a100 = {row: float(re.search(rf"^\| {re.escape(row)} \| ([\d.]+) \|", anchors, flags=re.M).group(1))
+            for row in ("DALI, SYNTHETIC (compute alone)", "DALI + AMP fp16 + apex + JIT, SYNTHETIC")}
+    tf32, sixteen = h100["gpu-inmem"], h100["gpu-inmem + AMP fp16 + fused Adam"]
+    speedups = {f"{tf32['synthetic'] / a100['DALI, SYNTHETIC (compute alone)']:.1f}",
+                f"{sixteen['synthetic'] / a100['DALI + AMP fp16 + apex + JIT, SYNTHETIC']:.1f}"}
+    assert len(speedups) == 1  # "the step ran 1.6 times faster", in either precision
+    ratio = {f"{peaks['H100'][precision] / peaks['A100'][precision]:.1f}" for precision in ("tf32", "bf16")}
+    assert len(ratio) == 1  # "the H100's peaks are 3.2 times the A100's", in either precision
+    quotes.assert_quoted(anchors, f"{tf32['mfu']['synthetic']:.3f}", f"{sixteen['mfu']['synthetic']:.3f}",
+                         *ratio, f"{3.35 / 1.555:.2f}", *speedups)  # HBM: 3.35 TB/s against 1555 GB/s (datasheets)
+
+    gains = [100 * (h200[rung]["full"] / h100[rung]["full"] - 1)
+             for rung in ("+ channels_last (bf16, fused)", "+ fused Adam (bf16)")]
+    with open(os.path.join(ROOT, "benchmarks", "results", "layers",
+                           "nvidia-h100-80gb-hbm3-2026-11-25-bf16.json")) as f:
+        best = max(json.load(f)["layers"], key=lambda layer: layer["tflops"])
+    with open(os.path.join(ROOT, "benchmarks", "results", "README.md")) as f:
+        target = re.search(r"FULL MFU \| at least ([\d.]+) on an H100", f.read()).group(1)
+    quotes.assert_quoted(quotes.section(chapter, "The ladder on an H200"), *(f"{gain:.1f}" for gain in gains),
+                         target, f"{best['tflops']:.0f}", f"{best['tflops'] / peaks['H100']['bf16']:.2f}")
+
+    def layers_of(suffix):
+        with open(os.path.join(ROOT, "benchmarks", "results", "layers",
+                               f"cpu-vm-2-cores-2026-11-27-fp32{suffix}.json")) as f:
+            report = json.load(f)
+        return {layer["layer"]: layer for layer in report["layers"]}, report["total"]["gflop"]
+
+    (crop64, gflop64), (crop32, gflop32) = layers_of("-5"), layers_of("-4")
+    quotes.assert_quoted(anchors, f"{100 * crop64['last']['share_of_step']:.1f}",
+                         f"{100 * crop64['last']['gflop'] / gflop64:.1f}", f"{crop64['last']['tflops']:.2f}",
+                         f"{crop64['up 1']['tflops']:.2f}", f"{100 * crop32['last']['share_of_step']:.1f}",
+                         f"{100 * crop32['last']['gflop'] / gflop32:.1f}",
+                         f"{100 * crop32['down 5']['share_of_step']:.1f}")
+    assert crop32["down 5"]["gflop"] / gflop32 < 0.01  # "for under 1%"
+
+
 def test_the_padding_share_of_the_counted_flops_is_counted():
     """docs/09's share of the full-scale U-Net's counted FLOPs that touch zero padding at 64^3: each layer's
     FLOPs from torch's FLOP counter, times the share of its (position, tap) pairs that fall on the padding."""
