@@ -235,10 +235,9 @@ def costs(base, cases=COST_CASES):
 
 
 
-def cost_table(base):
+def cost_table(base, rows, rate, machine):
     from benchmarks.scaling_model import H100_RESULTS
 
-    rows, rate, machine = costs(base)
     nic = machine.node_network_bw / machine.gpus_per_node
     lines = ["", f"## Computed, not measured: a step's halo cost on DGX H100 nodes (base_channels {base}, fp32)", "",
              f"Compute per rank: this code's fp32 rate on one H100 at 64^3 (the `{COST_RUNG}` rung, {rate:.1f} "
@@ -346,26 +345,39 @@ def table(rows, base, date, device):
     return lines
 
 
-def extension(base, parameters):
-    """Predictions for the real data's crops on H100s: the smallest mesh whose ranks fit."""
+def extension_rows(base, parameters, crops=(256, 512, 1024)):
+    """Predictions for the real data's crops on H100s, one dict per crop: the smallest mesh whose ranks fit."""
+    rows = []
+    for crop in crops:
+        row = {"crop": crop, "activations_bytes": predict(crop, base, [1, 1, 1])[0],
+               "largest_tensor": largest_tensor(crop, base, [1, 1, 1]),
+               "halo_bytes_2x1x1": predict(crop, base, [2, 1, 1])[1],
+               "halo_bytes_2x1x1_each": busiest_halo(crop, base, [2, 1, 1])}
+        for name, bytes_per_value in (("fp32", 4), ("bf16", 2)):
+            row[f"mesh_{name}"], row[f"bytes_per_rank_{name}"] = smallest_fitting_mesh(crop, base, True, bytes_per_value,
+                                                                                      parameters)
+        rows.append(row)
+    return rows
+
+
+def extension(base, parameters, rows):
     lines = ["", f"## Predicted, not measured: larger crops on 80 GB H100s (base_channels {base})", "",
              "Per rank: the predicted saved activations plus parameters, gradients and Adam state "
              f"({parameters / 1e6:.1f} M parameters x {ADAM_BYTES_PER_PARAMETER} bytes, fp32). The smallest mesh is "
              "the first of " + ", ".join(str(mesh) for mesh in MESHES[:6]) + ", ... whose ranks fit in 80 GB and whose "
              "largest tensor stays below 2^31 elements (the 32-bit indexing limit of some GPU kernels). bf16 counts "
-             "every saved tensor at 2 bytes. Not included: the halo exchange's transient padded copies (one block-sized "
-             "tensor per split axis), DDP's buckets and the convolutions' workspace: leave headroom.",
+             "every saved tensor at 2 bytes. Not included: the halo exchange's transient padded copy of each "
+             "convolution's input, DDP's buckets and the convolutions' workspace: leave headroom.",
              "", "| crop | activations, 1 rank, fp32 (GiB) | largest tensor, 1 rank (elements) | smallest mesh, fp32 | "
              "per rank, fp32 (GiB) | smallest mesh, bf16 | per rank, bf16 (GiB) | halo per step, [2,1,1] fp32, "
              "all ranks (GiB) | the same, each rank (GiB) |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for crop in (256, 512, 1024):
-        whole, _ = predict(crop, base, [1, 1, 1], True, 4)
-        cells = [f"{crop}^3", f"{whole / GIB:.1f}", f"{largest_tensor(crop, base, [1, 1, 1]) / 2**30:.2f} x 2^30"]
-        for bytes_per_value in (4, 2):
-            mesh, total = smallest_fitting_mesh(crop, base, True, bytes_per_value, parameters)
+    for row in rows:
+        cells = [f"{row['crop']}^3", f"{row['activations_bytes'] / GIB:.1f}", f"{row['largest_tensor'] / 2**30:.2f} x 2^30"]
+        for name in ("fp32", "bf16"):
+            mesh, total = row[f"mesh_{name}"], row[f"bytes_per_rank_{name}"]
             cells += [str(mesh) if mesh else "none in the list", f"{total / GIB:.1f}" if total else "-"]
-        cells += [f"{predict(crop, base, [2, 1, 1])[1] / GIB:.2f}", f"{busiest_halo(crop, base, [2, 1, 1]) / GIB:.2f}"]
+        cells += [f"{row['halo_bytes_2x1x1'] / GIB:.2f}", f"{row['halo_bytes_2x1x1_each'] / GIB:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -418,12 +430,16 @@ def main(argv=None):
         rows[-1]["ratio_to_one_rank"] = rows[-1]["saved_bytes"] / one["saved_bytes"]
         print(rows[-1], flush=True)
     parameters = sum(p.numel() for p in UNet(4, 5, args.base_channels, True).parameters())
+    predicted = extension_rows(args.base_channels, parameters)
+    costed, rate, machine = costs(args.base_channels)
     lines = table(rows, args.base_channels, date, device) + [f"\nNot measured: {line}." for line in skipped] + \
-        extension(args.base_channels, parameters) + cost_table(args.base_channels)
+        extension(args.base_channels, parameters, predicted) + cost_table(args.base_channels, costed, rate, machine)
     command = "python -m benchmarks.domain " + " ".join(argv)
     with open(os.path.join(out_dir, "domain.json"), "w") as f:
         json.dump({"command": command.strip(), "device": device, "date": date, "base_channels": args.base_channels,
-                   "rows": rows, "skipped": skipped}, f, indent=1)
+                   "rows": rows, "skipped": skipped, "predicted": predicted,
+                   "costs": {"h100_fp32_samples_per_s_at_64": rate, "machine": machine.name, "rows": costed}},
+                  f, indent=1)
     with open(os.path.join(out_dir, "domain.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -109,9 +109,10 @@ def add_halos(x, layer):
     block, halos = padded_block(x, layer), []
     for index, axis in enumerate(layer.split_axes):
         part, dim = exchanged_part(block, layer, index), 2 + axis
+        side = part.size(dim)
         lower, upper = layer.mesh.neighbours[axis]
-        from_lower, from_upper = swap_faces(part.narrow(dim, HALO, HALO), part.narrow(dim, part.size(dim) - 2 * HALO,
-                                                                                    HALO), lower, upper, layer.mesh.group)
+        from_lower, from_upper = swap_faces(part.narrow(dim, HALO, HALO), part.narrow(dim, side - 2 * HALO, HALO), lower,
+                                            upper, layer.mesh.group)
         fill_halo(part, dim, from_lower, from_upper)
         halos += [from_lower, from_upper]
     return block, halos
