@@ -67,6 +67,7 @@ def test_micro_batches_are_views_in_the_batchs_layout():
 
 # ----------------------------------------------------------------------------- two ranks
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["ddp_k2", "ddp_bucket_view_k2"])
 def test_ddp_with_accumulation_matches_one_rank(accumulated, variant):
     results = load(accumulated, variant)
@@ -118,6 +119,7 @@ distributed.shutdown(world)
 @requires_fully_shard
 @pytest.mark.skipif(not hasattr(getattr(torch.distributed.fsdp, "FSDPModule", None), "set_reshard_after_backward"),
                     reason="this torch's fully_shard has no set_reshard_after_backward")
+@pytest.mark.slow
 def test_fsdp_gathers_the_weights_again_for_a_later_micro_batch_only_for_its_backward(tmp_path):
     """One micro-batch (K = 1) gathers each unit's weights for its forward and each block's again for its
     backward (the root keeps its own after the forward). A later micro-batch finds the weights its

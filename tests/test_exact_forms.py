@@ -287,6 +287,7 @@ def test_the_forms_inside_the_halo_exchange_equal_the_undivided_layers_in_float6
                 assert difference < 1e-12, (mesh, layer, quantity, difference)
 
 
+@pytest.mark.slow
 def test_the_unet_with_the_forms_on_blocks_equals_the_undivided_plain_one(tmp_path):
     """As tests/test_halo.py's U-Net test, with --exact_forms=on, in float64: outputs and summed weight gradients."""
     for result in run_ranks("unet_forms", [2, 1, 1], tmp_path):
@@ -369,6 +370,7 @@ def test_each_reshuffle_is_one_copy_in_either_layout(memory_format, dtype):
     assert last == {"plain": (cast, cast), "sub-pixel": (cast + relayout + ["copy_"], ["copy_"] + cast)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("channels_last", [False, True], ids=["contiguous", "channels_last"])
 def test_the_compiled_training_step_with_the_forms_equals_the_eager_plain_one(channels_last):
     """train.py's compiled step (model and loss as one function, forward and backward) with every form on, in
@@ -414,6 +416,7 @@ train.main(sys.argv[1:])
 """
 
 
+@pytest.mark.slow
 def test_auto_s_choice_is_recorded_and_a_resume_computes_with_it_without_deciding_again(data_files, tmp_path):
     """The first run asks for auto (the test config's layers are plain); its resume names no --exact_forms."""
     args = data_args(data_files, tmp_path, "--run_num=auto", "--val_metrics=false")

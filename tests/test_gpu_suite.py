@@ -256,6 +256,7 @@ def test_the_overview_gives_each_stages_time_from_the_committed_logs():
     assert "time on an H100: 320 s" in output  # the ladder, 2026-11-25 (benchmarks/results/gpu_suite)
 
 
+@pytest.mark.slow
 def test_a_stage_on_this_machine_says_what_it_measured_and_where_it_went(tmp_path):
     """Without OUT (no remote machine): the overview first, then the stage under the guard limit alone, and a
     summary of each stage's status, time, log and results."""
@@ -305,6 +306,7 @@ def packed(tmp_path, stage):
                 for name in archive.getnames()}
 
 
+@pytest.mark.slow
 def test_the_preflight_stage_packs_what_it_wrote(tmp_path):
     process = suite(tmp_path, "preflight")
     output, _ = process.communicate(timeout=timeout_for(180))
@@ -326,6 +328,7 @@ def test_a_step_that_cannot_finish_inside_the_budget_is_not_started_and_the_stag
     assert "not run" in log and "failed stages: preflight" in output
 
 
+@pytest.mark.slow
 def test_the_archive_fits_what_the_machine_returns_leaving_out_the_largest_files(tmp_path):
     """8 files, 64 MiB together come back: with 7 files and all but 900 bytes of 60 MiB already in $OUT,
     the stage's archive leaves out its largest files, names them, and fits."""
@@ -415,6 +418,7 @@ def headline(tmp_path, **env):
     return suite(tmp_path, "headline", CPU_CHECK="1", DATA_DIR=str(tmp_path / "data"), **env)
 
 
+@pytest.mark.slow
 def test_the_headline_starts_a_step_only_where_its_price_still_fits(tmp_path):
     """A budget of 140 s: 125 s are left at the start, less the set-up's seconds, and the layers step asks for
     110. A stand-in `timeout` holds that step 20 s before it starts, so after it the compiled rung with the forms
@@ -446,6 +450,7 @@ def test_the_headline_starts_a_step_only_where_its_price_still_fits(tmp_path):
         assert f"step {name}: not run ({left} s left of the budget, it needs about {need} s)" in summary
 
 
+@pytest.mark.slow
 def test_a_headline_killed_mid_way_returns_the_steps_it_finished(tmp_path):
     """SIGKILL to the whole stage (no chance to pack: a machine's limit) while the compiled rung runs, after the
     layers step: $OUT's archive, packed as that step ended, holds the layers' results, summary.txt with their

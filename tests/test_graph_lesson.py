@@ -65,6 +65,7 @@ def test_without_a_gpu_it_refuses_and_writes_nothing(tmp_path, capsys):
         graph_lesson.main(["--steps", "0"])
 
 
+@pytest.mark.slow
 def test_the_report_is_written_after_every_point(tmp_path):
     """A run stopped during a point (here by Ctrl-C, as the suite's SIGINT at its budget) keeps the points
     before it; both sides here are the eager step on the CPU (the graph side needs a GPU)."""

@@ -113,6 +113,7 @@ def test_convolution_shapes_find_each_layer_and_refuse_two_layers_alike():
         in_step.convolution_shapes(twins, torch.zeros(1, 2, 4, 4, 4), list(zip(("a", "b"), twins)))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(compile_problem() is not None, reason=str(compile_problem()))
 def test_a_compiled_step_keeps_its_layer_rows_found_by_their_convolutions_shapes():
     """Under --jit_mode=compile no hook runs inside the graph and the backward is one compiled node: each layer's

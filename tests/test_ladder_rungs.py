@@ -78,6 +78,7 @@ print(json.dumps(decisions))
 """
 
 
+@pytest.mark.slow
 def test_the_compiled_rungs_hold_inductor_s_layout_optimisation_with_and_without_the_forms():
     """Every compiled rung's process gets the same environment, which holds Inductor's layout optimisation on:
     left to its heuristic, the sub-pixel form of the last layer (128 -> 40 channels) turns it off for the whole

@@ -22,6 +22,7 @@ def test_full_scale_layers_add_up_to_80_5_gflop_per_sample():
     assert total == pytest.approx(80.5e9, rel=0.01)
 
 
+@pytest.mark.slow
 def test_cpu_preset_writes_the_table_and_refuses_to_overwrite_it(tmp_path, capsys):
     layers.main(["--preset", "cpu", "--out_dir", str(tmp_path), "--repeats", "1"])
     [path] = tmp_path.glob("*-fp32.json")

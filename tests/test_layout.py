@@ -198,6 +198,7 @@ def test_the_tests_wait_for_hangs_not_for_slowness():
     assert {tuple(where) for *where, _, _ in found} == set(LIMITS_UNDER_TEST)  # no stale entry
 
 
+@pytest.mark.slow
 def test_a_train_run_may_take_what_it_estimates_for_itself():
     """A run that logs train.py's estimate (utils/estimate.py's words) may run TIMEOUT_FACTOR times as long as it
     says, past the limit it was given; one that says nothing is ended at that limit."""

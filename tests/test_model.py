@@ -50,6 +50,7 @@ def random_weights(layers, generator, scale):
     return weights
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("full_scale, crop", [(True, 64), (False, 32)])
 def test_full_width_model_computes_the_original_function(full_scale, crop):
     layers = reference_layers(full_scale)

@@ -137,6 +137,7 @@ def test_fp16_steps_wait_for_the_device_only_with_plain_adam(apex_standin, monke
     assert bool(calls) is syncs
 
 
+@pytest.mark.slow
 @pytest.mark.cpu16
 def test_a_demo_epoch_with_apex_runs_and_resumes(tmp_path, data_files):
     """train.py --enable_apex where NVIDIA apex is importable (the stand-in on PYTHONPATH): it calls

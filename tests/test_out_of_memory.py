@@ -255,6 +255,7 @@ SITES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("site", SITES)
 def test_train_py_ends_in_one_paragraph_wherever_it_runs_out(data_files, tmp_path, site):
     """Injected on the CPU: status 2, one paragraph on stderr and no traceback, nothing rewritten; the

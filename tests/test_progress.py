@@ -9,6 +9,8 @@ import sys
 import termios
 import time
 
+import pytest
+
 from conftest import ROOT, timeout_for
 from utils.progress import Progress
 
@@ -57,6 +59,7 @@ def test_a_rank_other_than_0_shows_nothing(caplog):
     assert not caplog.records
 
 
+@pytest.mark.slow
 def test_a_run_on_a_terminal_draws_bars_for_training_and_validation(data_files, tmp_path):
     """train.py with its stderr on a pseudo-terminal, as in an interactive shell."""
     main_end, terminal_end = pty.openpty()

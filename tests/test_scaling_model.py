@@ -725,6 +725,7 @@ def test_a_steps_compute_splits_into_a_cost_per_sample_and_one_per_step_measured
     assert abs(row["error"]) < 0.02
 
 
+@pytest.mark.slow
 def test_the_scaling_benchmark_records_the_network_environment(synthetic_data_dir, tmp_path, monkeypatch):
     """benchmarks.scaling writes the NCCL_* and FI_* variables its runs saw into scaling.json and its README:
     a condition of the curves (here with a run that train.py refuses at once, to keep it short)."""

@@ -19,6 +19,7 @@ def send_from_another_process(signum, pids):
     subprocess.run([sys.executable, "-c", f"import os\nfor pid in {pids}: os.kill(pid, {int(signum)})"], check=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
 def test_loader_workers_leave_stop_signals_to_the_main_process(data_files, start_method):
     params = YParams("config/UNet.yaml", "test")
@@ -87,6 +88,7 @@ def test_a_stop_signal_to_the_whole_job_stops_it_with_a_checkpoint(data_files, t
 
 # ----------------------------------------------------------------------------- Ctrl-C
 
+@pytest.mark.slow
 def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_one_line(data_files, tmp_path):
     """A terminal's Ctrl-C: SIGINT to the whole foreground group, the loader workers included."""
     args = ["--config=test", f"--train_path={data_files['train']}", f"--val_path={data_files['valid']}",
@@ -102,6 +104,7 @@ def test_ctrl_c_stops_at_the_next_step_with_a_checkpoint_and_one_line(data_files
     assert stopped == [str(step)] and step < 2 * 40
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_exits_at_once_and_keeps_the_last_checkpoint(data_files, tmp_path):
     args = ["--config=test", f"--train_path={data_files['train']}", f"--val_path={data_files['valid']}",
             f"--expdir={tmp_path}", "--Nsamples=16", "--Nsamples_val=4", "--num_epochs=3"]  # 4 steps an epoch
@@ -147,6 +150,7 @@ train.main(sys.argv[1:])
 """
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_set_up_prints_one_line_and_writes_nothing(data_files, tmp_path):
     result = subprocess.run([sys.executable, "-c", CTRL_C_DURING_SET_UP, "--config=test", f"--expdir={tmp_path}",
                              f"--train_path={data_files['train']}", f"--val_path={data_files['valid']}"],
