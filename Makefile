@@ -16,7 +16,7 @@ PY := $(VENV)/bin/python
 RUN_NUM ?= $(shell date +%Y%m%d-%H%M%S)
 DATA := data/synthetic_train.h5 data/synthetic_valid.h5
 
-# test-fast: no end-to-end training runs (marked slow), no GPU, none of the tests that need more than
+# test-fast: no end-to-end runs, compilation or multi-process tests (marked slow), no GPU, none of the tests that need more than
 # requirements.txt and pytest (Slurm, containers, the notebook, DALI, Nsight Systems), and none of the modules
 # that train or all-reduce on several gloo ranks under torchrun (DDP, FSDP, domain parallelism, the step spread).
 FAST_TESTS := -m "not slow and not gpu" --ignore=tests/test_slurm.py --ignore=tests/test_docker.py \
