@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+import quotes
 from benchmarks import domain
 from conftest import ROOT, free_port, timeout_for
 from networks.UNet import UNet
@@ -245,3 +246,50 @@ def test_whole_assembles_the_blocks_in_rank_order(monkeypatch):
 
     monkeypatch.setattr(distributed.dist, "all_gather", all_gather)
     assert torch.equal(meshes[0].whole(parts[0]), volume)
+
+
+# ----------------------------------------------------------------------------- the chapter's numbers
+
+DOMAIN_RESULTS = os.path.join(ROOT, "benchmarks", "results", "domain", "cpu-vm-2-cores-avx2-2026-11-29")
+
+
+def test_docs_06_quotes_the_committed_counts_and_the_computed_costs():
+    """docs/06's table and sentences against benchmarks/results/domain/: the counts per rank, and the cost
+    of a step that benchmarks/domain.py computes today (which the committed domain.md must show too)."""
+    chapter = "docs/06-domain-parallelism.md"
+    with open(os.path.join(DOMAIN_RESULTS, "domain.json")) as f:
+        report = json.load(f)
+    rows = {(row["crop"], row["ranks"]): row for row in report["rows"]}
+    assert all(row["saved_bytes"] == row["predicted_saved_bytes"] for row in rows.values())
+    saves = quotes.section(chapter, "What it saves")
+    for row in rows.values():
+        quotes.assert_quoted(saves, f"{row['saved_bytes'] / domain.MIB:.1f}", f"{row['ratio_to_one_rank']:.3f}",
+                             f"{row['halo_bytes'] / domain.MIB:.1f}", f"{row['halo_bytes_busiest'] / domain.MIB:.1f}")
+    two = {f"{rows[crop, 2]['ratio_to_one_rank']:.2f}" for crop in (128, 256)}
+    assert len(two) == 1  # "two ranks hold 0.51": both crops round alike
+    quotes.assert_quoted(quotes.prose(saves), *two, f"{rows[256, 4]['ratio_to_one_rank']:.2f}",
+                         f"{rows[256, 2]['halo_bytes_busiest'] / domain.MIB:.1f}",
+                         f"{rows[256, 4]['halo_bytes_busiest'] / domain.MIB:.1f}")
+    parameters = sum(p.numel() for p in UNet(4, 5, 64, True).parameters())
+    predicted = {row["crop"]: row for row in report["predicted"]}
+    assert list(predicted.values()) == domain.extension_rows(64, parameters)
+    assert predicted[512]["mesh_fp32"] == [2, 1, 1] and predicted[1024]["mesh_fp32"] == [2, 2, 4]
+    assert "`[2,1,1]`" in saves and "`[2,2,4]`" in saves  # the meshes the extension asks for
+    quotes.assert_quoted(quotes.prose(saves), f"{predicted[512]['activations_bytes'] / domain.GIB:.1f}",
+                         f"{parameters * domain.ADAM_BYTES_PER_PARAMETER / domain.GIB:.1f}")
+
+    costs, rate, machine = domain.costs(64)
+    assert report["costs"]["rows"] == costs and report["costs"]["h100_fp32_samples_per_s_at_64"] == rate
+    committed = open(os.path.join(DOMAIN_RESULTS, "domain.md")).read()
+    assert all(line in committed for line in domain.cost_table(64, costs, rate, machine) if line.startswith("| "))
+    cost = {(row["crop"], str(row["mesh"])): row for row in report["costs"]["rows"]}
+    slab, deep, wide = cost[1024, "[16, 1, 1]"], cost[1024, "[4, 2, 2]"], cost[1024, "[2, 2, 4]"]
+    two = cost[256, "[2, 1, 1]"]
+    text = quotes.prose(quotes.section(chapter, "What a step costs"))
+    quotes.assert_quoted(text, f"{two['compute_s'] * 1e3:.1f}", f"{two['halo_bytes_busiest'] / domain.MIB:.1f}",
+                         f"{two['halo_s'] * 1e3:.2f}", f"{two['copy_s'] * 1e3:.2f}", f"{100 * two['share']:.1f}",
+                         f"{slab['halo_bytes_busiest'] / domain.MIB:.0f}", f"{100 * slab['share']:.1f}",
+                         f"{wide['halo_bytes_busiest'] / domain.MIB:.0f}",
+                         f"{wide['halo_bytes_between_nodes'] / domain.MIB:.0f}", f"{100 * wide['share']:.1f}",
+                         f"{deep['halo_bytes_between_nodes'] / domain.MIB:.0f}", f"{rate:.1f}")
+    assert slab["halo_bytes_between_nodes"] * 2 == slab["halo_bytes_busiest"]  # "half of it between nodes"
