@@ -77,7 +77,7 @@ $(VENV)/.installed: requirements.txt
 		make the virtual environment $(VENV): install its venv module (Debian, Ubuntu: apt-get install python3-venv) \
 		or name another Python, e.g. make demo PYTHON=python3.12."; exit 1; }
 	@$(PY) -c 'import torch' 2>/dev/null || { index=$$($(torch_index_option)); \
-		echo "$(PY) -m pip install --quiet $$index $(TORCH)"; $(PY) -m pip install --quiet $$index "$(TORCH)"; }
+		echo "$(PY) -m pip install --quiet $${index:+$$index }$(TORCH)"; $(PY) -m pip install --quiet $$index "$(TORCH)"; }
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $@
 

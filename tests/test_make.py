@@ -137,6 +137,7 @@ def test_linux_without_a_driver_gets_torch_from_the_cpu_index(tmp_path, index):
 def test_an_unreachable_cpu_index_leaves_the_default_index_with_a_one_line_note(tmp_path):
     output, pips, _ = make_venv(tmp_path, f"TORCH_INDEX_URL={UNREACHABLE}")
     assert pips == ["-m pip install --quiet torch==2.13.0"], pips
+    assert "venv/bin/python -m pip install --quiet torch==2.13.0\n" in output, output  # the command as it runs
     notes = [line for line in output.splitlines() if NOTE in line]
     assert notes == [f"note: {UNREACHABLE} {NOTE} (PyPI's torch for Linux is the CUDA build: 2.7 GB on x86-64)."], output
 
