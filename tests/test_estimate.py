@@ -142,6 +142,15 @@ def test_the_estimate_of_an_emulated_16_bit_run_is_made_at_its_measured_rate(cap
     assert "at the 2 GFLOP/s per rank this CPU reached just now on fp16's probe" in caplog.text
 
 
+def test_the_paragraph_sends_the_learner_to_a_section_that_exists():
+    import quotes
+
+    paragraph = estimate.Emulated("bf16", 1e9, "a probe", 2e10, "another").paragraph()
+    path, heading = re.search(r"\((docs/[\w-]+\.md)#([\w-]+)\)", paragraph).groups()
+    headings = re.findall(r"^#+ (.+)$", quotes.read(path), flags=re.M)
+    assert heading in {re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-") for title in headings}
+
+
 def test_a_run_the_cpu_computes_natively_measures_once_and_says_nothing_more(caplog, monkeypatch):
     caplog.set_level(logging.INFO)
     monkeypatch.setattr(estimate, "emulated_on_cpu", lambda mode: False)
