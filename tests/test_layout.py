@@ -100,36 +100,21 @@ def docstring_map():
     return found
 
 
-def docs_map():
-    """``{module: concern}`` from the utils/ table of docs/02-single-device.md's code overview: one row per
-    concern, its modules linked as [`module`](../utils/module.py)."""
+def test_the_map_of_utils_names_every_module_once_and_the_docs_point_to_it():
+    """A module added to utils/ goes into the docstring's map (utils/__init__.py), under its concern; the map
+    names no module that does not exist. docs/02-single-device.md's code overview points to that map rather
+    than repeating it."""
+    modules = {os.path.basename(path)[:-3] for path in glob.glob(os.path.join(ROOT, "utils", "*.py"))} - {"__init__"}
+    named = [module for module, _ in docstring_map()]
+    problems = [f"utils/__init__.py's docstring maps no utils/{m}.py: add the line '    {m:<21}what it does' under "
+                "its concern" for m in sorted(modules - set(named))]
+    problems += [f"utils/__init__.py's docstring maps {m}, which is not in utils/: remove it"
+                 for m in sorted(set(named) - modules)]
+    problems += [f"utils/__init__.py's docstring names {m} twice" for m in sorted({m for m in named if named.count(m) > 1})]
+    assert not problems, "\n".join(problems)
     text = open(os.path.join(ROOT, "docs", "02-single-device.md")).read()
     overview = text.split("## Model, data and code overview")[1].split("\n#")[0]
-    found = []
-    for concern, modules in re.findall(r"^\| *([a-z][^|]*?) *\| *(\[`\w+`\].*?) *\|$", overview, re.M):
-        found += [(module, concern.lower()) for module, linked in re.findall(r"\[`(\w+)`\]\(\.\./utils/(\w+)\.py\)", modules)
-                  if module == linked]
-    return found
-
-
-def test_the_map_of_utils_names_every_module_once_in_the_docstring_and_the_docs():
-    """A module added to utils/ goes into both maps, under the same concern; a map names no module that
-    does not exist."""
-    modules = {os.path.basename(path)[:-3] for path in glob.glob(os.path.join(ROOT, "utils", "*.py"))} - {"__init__"}
-    problems = []
-    for where, found, line in (
-            ("utils/__init__.py's docstring", docstring_map(), "    {m:<21}what it does"),
-            ("docs/02-single-device.md's code overview", docs_map(),
-             ", [`{m}`](../utils/{m}.py) in its concern's row")):
-        named = [module for module, _ in found]
-        problems += [f"{where} maps no utils/{m}.py: add the line {line.format(m=m)!r} under its concern"
-                     for m in sorted(modules - set(named))]
-        problems += [f"{where} maps {m}, which is not in utils/: remove it" for m in sorted(set(named) - modules)]
-        problems += [f"{where} names {m} twice" for m in sorted({m for m in named if named.count(m) > 1})]
-    in_docstring, in_docs = dict(docstring_map()), dict(docs_map())
-    problems += [f"{m} is under {in_docstring[m]!r} in the docstring but {in_docs[m]!r} in the docs"
-                 for m in sorted(set(in_docstring) & set(in_docs)) if in_docstring[m] != in_docs[m]]
-    assert not problems, "\n".join(problems)
+    assert "](../utils/__init__.py)" in overview
 
 
 def test_train_py_main_is_one_screenful():
