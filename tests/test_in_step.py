@@ -392,7 +392,7 @@ def test_docs_quote_the_committed_traces_convolution_calls():
 
 
 def test_docs_quote_the_committed_traces_optimiser_loss_gaps_and_dali_kernels():
-    """docs/03's optimiser kernels foreach and fused (and the step time fused Adam saved in the ladder), the loss's
+    """docs/03's optimiser kernels foreach and fused (and the step time fused Adam saved, in the same section), the loss's
     few kernels, the baseline's idle gaps between pairs of steps and its busy share; docs/09's DALI kernels beside
     the training's, each from its committed trace."""
     import json
@@ -413,7 +413,7 @@ def test_docs_quote_the_committed_traces_optimiser_loss_gaps_and_dali_kernels():
         full = {run["name"]: run["full"] for run in json.load(f)["runs"]}
     saved = 1e3 * (64 / full["gpu-inmem + AMP bf16"] - 64 / full["+ fused Adam (bf16)"])
     assert f"{saved:.1f}" == f"{foreach - fused:.1f}"  # the step shortened by what the kernels save
-    quotes.assert_quoted(quotes.section(chapter, "The optimisation ladder"), f"{saved:.1f}")
+    quotes.assert_quoted(quotes.section(chapter, "Fused Adam, JIT"), f"{saved:.1f}")
 
     kernels, steps = committed_trace("gpu_inmem_bf16.pt.trace.json.gz")
     loss = [k for k in kernels if "aten::l1_loss" in k[4] and not any("Backward" in e for e in k[4])]

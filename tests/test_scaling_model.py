@@ -743,13 +743,13 @@ def test_the_scaling_benchmark_records_the_network_environment(synthetic_data_di
 
 
 def test_the_hub_quotes_the_check():
-    """The hub's CPU track quotes --check's 8-node synthetic point, published and predicted, in the row of the
-    command that prints it."""
+    """The hub's steps after the session quote --check's 8-node synthetic point, published and predicted, in the
+    row of the command that prints it."""
     rows = {(r["curve"], r["nodes"]): r for r in model.check_rows()}
     point = rows[("synthetic", 8)]
-    track = [line for line in quotes.section("README.md", "CPU track").splitlines()
+    track = [line for line in quotes.section("README.md", "After the session").splitlines()
              if "`python -m benchmarks.scaling_model --check`" in line]
-    assert len(track) == 1, "the CPU track has one step that runs --check"
+    assert len(track) == 1, "the steps after the session have one that runs --check"
     quotes.assert_quoted(track[0].rsplit("|", 2)[1], f"{point['published']:.0f}", f"{point['model']:.0f}")
 
 
