@@ -340,6 +340,13 @@ def test_the_precision_reading_is_that_of_the_committed_run():
     quotes.assert_quoted(quotes.prose(text), f"{100 * (max(losses) / min(losses) - 1):.2f}",
                          *{f"{ratio:.0f}" for ratio in ratios})
     assert max(ratios) / min(ratios) - 1 < 0.01 and rungs["fp16"]["skipped_steps"] == 0
+    # The same check on an AVX2-only CPU, which emulates bf16: its bf16 against fp32, in the chapter's caption and
+    # in the hub's CPU track.
+    with open(os.path.join(ROOT, "benchmarks/results/precision/cpu-vm-2-cores-avx2-2026-11-29.json")) as f:
+        avx2 = {rung["name"]: rung["val_loss"] for rung in json.load(f)["rungs"]}
+    difference = f"{100 * (avx2['bf16'] / avx2['fp32'] - 1):+.2f}"
+    row = next(row for row in track_rows("## CPU track") if "benchmarks.precision" in row["command"])
+    assert f"AVX2: {difference}%" in row["the number to compare"] and f"{difference}%" in text
 
 
 def test_docs_09_derives_its_mfu_h200_and_cpu_layer_readings_from_the_files():
