@@ -104,9 +104,10 @@ def slurm(tmp_path_factory):
                         f"{result.stderr[-2000:]}")
     state = tmp_path_factory.mktemp("slurm")
     # Names and a subnet of this session's own, so that a cluster someone else runs here is left alone.
-    env = {**os.environ, "SLURMCTLD_PORT": str(free_port()), "SLURMD_PORT": str(free_port()),
-           "SLURM_CLUSTER_NAME": f"t{os.getpid() % 10**5}", "SUBNET": f"10.213.{os.getpid() % 250}"}
-    env = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    # (Set after the caller's SLURM_ variables are dropped, so that the name survives; 10.213.0 is the default's.)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    env.update(SLURMCTLD_PORT=str(free_port()), SLURMD_PORT=str(free_port()),
+               SLURM_CLUSTER_NAME=f"t{os.getpid() % 10**5}", SUBNET=f"10.213.{1 + os.getpid() % 250}")
     started = subprocess.run([SLURM_CLUSTER, "start", str(state), "2"], env=env, capture_output=True, text=True,
                              timeout=timeout_for(180))
     try:

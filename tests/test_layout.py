@@ -31,7 +31,7 @@ UTILS_IMPORTS = {
     "env_check": set(),  # the standard library alone: it runs where nothing else is installed
     "errors": set(),
     "files": set(),
-    "estimate": {"errors", "flops", "optim", "YParams"},  # the run's FLOPs; the rate of its own step, in its precision; the demo's, for the refusal
+    "estimate": {"conv3d", "errors", "flops", "optim", "YParams"},  # the run's FLOPs; the rate of its own step, in its precision; the demo's, for the refusal; whether this CPU emulates the precision
     "flops": {"errors"},
     "generate_data": {"convert_h5_to_npy", "errors", "files"},  # it also writes the .npy copies
     "logging_utils": set(),

@@ -6,7 +6,7 @@ loader kind are never needed by another.
 utils/ is one folder of small modules, one concern each, where the original tutorial's names
 (data_loader, data_loader_dali, YParams, logging_utils, and this package's two functions) keep
 their place. The map below finds a concern's modules; docs/02-single-device.md's code overview
-holds the same map, and tests/test_layout.py checks that both name every module exactly once and
+points to this map, and tests/test_layout.py checks that it names every module exactly once and
 which modules may import which.
 
 Data
@@ -28,7 +28,7 @@ Parallelism
 Performance measurement
     benchy               benchy's IO, SYNTHETIC and FULL trials, and the MFU
     flops                FLOPs per sample, the GPU's peak FLOP/s, model FLOP utilisation
-    conv3d               the 3-D convolutions' health check at the start of every run
+    conv3d               the 3-D convolutions' health check; whether this CPU emulates 16-bit
     profiling            NVTX ranges, the profiling window, CUDA memory snapshots
     step_spread          each rank's step time and data wait, gathered once an epoch: the straggler
     noise                when repeated timing trials can rank what they measured
