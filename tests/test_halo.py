@@ -72,6 +72,7 @@ def test_blocks_with_neighbours_on_both_sides_equal_the_undivided_layers(mesh, t
                 assert difference < 1e-12, (mesh, layer, quantity, difference)
 
 
+@pytest.mark.cpu16
 def test_under_bf16_autocast_the_block_computes_in_bf16_and_returns_float32_gradients(tmp_path):
     """As --amp_mode=bf16 runs it: outputs in bf16, gradients in the parameters' and input's float32,
     within bf16's rounding of the undivided layers' (measured: 3.6e-3 of the largest value at most)."""
