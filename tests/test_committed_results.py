@@ -27,6 +27,7 @@ RUN_SPECIFIC = {"yaml_config", "run_num", "resume", "expdir", "world_size", "tra
 EXAMPLE_COMMANDS = {
     "example_logs/demo/config.yaml": "train.py --config=demo --run_num=example",
     "example_logs/demo/out.log": "train.py --config=demo --run_num=example",
+    "example_logs/demo_avx2/out.log": "train.py --config=demo --run_num=20261129-035438",
     "example_logs/large_batch/demo_bs32_test/config.yaml": "train.py --config=demo_bs32_test",
     "example_logs/large_batch/demo_bs32_test/out.log": "train.py --config=demo_bs32_test",
     "example_logs/large_batch/demo_bs32_opt/config.yaml": "train.py --config=demo_bs32_opt",
