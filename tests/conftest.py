@@ -42,6 +42,16 @@ def timeout_for(idle_seconds):
 AS_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 x86_only = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="AVX2 is an x86-64 instruction set")
 
+
+
+def pytest_report_header(config):
+    """The CPU the suite runs on, in its header: the suite's time and its 16-bit tests' depend on its kind."""
+    from utils.conv3d import cpu_capability, emulated_on_cpu
+    from utils.estimate import cpu_model
+    sixteen = "emulated (no native bf16)" if emulated_on_cpu("bf16") else "native"
+    return f"CPU: {cpu_model()}, {cpu_capability()}; bf16 convolutions {sixteen}"
+
+
 CPU_ESTIMATE = re.compile(r"would train for about ([\d.]+) (s|min|hours|days) on this CPU")
 SECONDS_PER = {"s": 1, "min": 60, "hours": 3600, "days": 86400}
 
