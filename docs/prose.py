@@ -13,6 +13,7 @@ Counted as the editorial review of the chapters counted them, so that figures co
   the line that names a table's or figure's command, device and date), footnotes and ``<details>`` blocks:
   dates (YYYY-MM-DD) and commit hashes (hex tokens of 7 to 40 characters with a digit and a letter) are
   counted there, since provenance belongs in captions, footnotes and the measurement notes;
+- a *number* is a prose word that starts with a digit, after any bracket or sign (not a name such as H100 or bf16);
 - *visible* words leave out ``<details>`` blocks, which a reader opens only to check a claim.
 
 The learner's core path is README.md and chapters 01 to 04: what a learner reads before the optional chapters.
@@ -31,6 +32,7 @@ DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
 COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
 LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
 ITALIC = re.compile(r"^(\*[^*].*[^*]\*|_.+_)[.:]?$", re.S)
+NUMBER = re.compile(r"^[(\[`*~≈<>+-]*\d")  # a word that starts with a digit: 0.0174, 58, 2026-11-25, 16.4x
 ADDRESS = re.compile(r"\b(?:you|your|you're|yours|we|our|let's)\b", re.I)
 LONG_SENTENCE, MAX_SENTENCE, LONG_PARAGRAPH = 35, 50, 120  # the house style's caps (words)
 WORDS_PER_MINUTE = 200  # the reading times README.md gives each chapter
@@ -163,6 +165,8 @@ def measure(text):
         if prose_words else 0.0,
         "address_per_1000": round(1000 * sum(len(ADDRESS.findall(p)) for p in prose) / prose_words, 1)
         if prose_words else 0.0,
+        "numbers_per_100": round(100 * sum(bool(NUMBER.match(word)) for p in prose for word in p.split())
+                                 / prose_words, 1) if prose_words else 0.0,
     }
 
 
@@ -187,7 +191,8 @@ COLUMNS = [("words", "words"), ("visible_words", "visible"), ("prose_words", "pr
            (f"sentences_over_{MAX_SENTENCE}", f">{MAX_SENTENCE}"), ("longest_sentence", "longest"),
            (f"paragraphs_over_{LONG_PARAGRAPH}", f"par.>{LONG_PARAGRAPH}"), ("longest_paragraph", "longest par."),
            ("dates_in_running_prose", "dates"), ("hashes_in_running_prose", "hashes"),
-           ("percent_in_parentheses", "% in ()"), ("address_per_1000", "you/we per 1k")]
+           ("percent_in_parentheses", "% in ()"), ("address_per_1000", "you/we per 1k"),
+           ("numbers_per_100", "numbers per 100")]
 
 
 def table(report):

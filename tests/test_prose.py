@@ -64,6 +64,8 @@ def test_the_figures_of_a_text():
     assert figures["dates_in_running_prose"] == 1 and figures["hashes_in_running_prose"] == 1
     assert figures["sentences"] == 4 + 2 + 1 + 1  # the paragraph (its second line too), the items, the quote
     assert figures["percent_in_parentheses"] > 0 and figures["address_per_1000"] > 0
+    # Numbers: the list item's date and hash, the prose's only words with a digit ("two" is a word).
+    assert figures["numbers_per_100"] == round(100 * 2 / figures["prose_words"], 1)
 
 
 def test_a_long_sentence_and_a_long_paragraph_count_against_the_caps():
